@@ -1,0 +1,44 @@
+"""``media-hooks``: the command line (CONTRACT.md, "Command line").
+
+Each command group is a module with ``register(subparsers)``; a command's handler takes the
+parsed arguments and returns an exit status. User mistakes are one line on stderr and exit 2,
+environment failures one line and exit 1; neither prints a stack trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from media_hooks.cli import db_commands
+from media_hooks.errors import RuntimeFailure, UserError
+
+COMMAND_GROUPS = [db_commands]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and exit 2), not a usage dump."""
+
+    def error(self, message: str):  # noqa: D401 - argparse's name
+        raise UserError(f"{message} (see `{self.prog} --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="media-hooks", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for group in COMMAND_GROUPS:
+        group.register(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.handler(args) or 0)
+    except (UserError, RuntimeFailure) as exc:
+        print(f"media-hooks: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("media-hooks: interrupted", file=sys.stderr)
+        return 130

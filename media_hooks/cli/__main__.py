@@ -1,0 +1,5 @@
+import sys
+
+from media_hooks.cli import main
+
+sys.exit(main())

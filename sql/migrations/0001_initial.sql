@@ -120,6 +120,8 @@ CREATE INDEX dispatch_outbox_unpublished ON dispatch_outbox (created_at) WHERE p
 CREATE TABLE delivery_attempt (
     delivery_id       text NOT NULL REFERENCES webhook_delivery (delivery_id),
     attempt_no        integer NOT NULL CHECK (attempt_no >= 1),
+    -- Denormalized so per-destination figures (circuit breaker, dispatch rate) need no join.
+    destination_id    text NOT NULL,
     message_id        text,
     run_id            text,
     lease_token       uuid NOT NULL,
@@ -139,6 +141,7 @@ CREATE TABLE delivery_attempt (
 );
 
 CREATE INDEX delivery_attempt_finished ON delivery_attempt (finished_at, outcome);
+CREATE INDEX delivery_attempt_destination ON delivery_attempt (destination_id, started_at);
 CREATE INDEX delivery_attempt_run ON delivery_attempt (run_id);
 
 -- Every operator requeue, with who, why, what and how many.

@@ -29,6 +29,8 @@ class Settings:
     lease_seconds: float
     enqueue_timeout_seconds: float
     allow_private_urls: bool
+    breaker_stretch_seconds: float = 86400.0
+    breaker_min_attempts: int = 20
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -38,6 +40,8 @@ class Settings:
             lease_seconds=_positive_float("MEDIA_HOOKS_LEASE_SECONDS", 90.0),
             enqueue_timeout_seconds=_positive_float("MEDIA_HOOKS_ENQUEUE_TIMEOUT_SECONDS", 3600.0),
             allow_private_urls=os.environ.get("MEDIA_HOOKS_ALLOW_PRIVATE_URLS") == "1",
+            breaker_stretch_seconds=_positive_float("MEDIA_HOOKS_BREAKER_SECONDS", 86400.0),
+            breaker_min_attempts=int(_positive_float("MEDIA_HOOKS_BREAKER_MIN_ATTEMPTS", 20)),
         )
 
     @property

@@ -161,3 +161,22 @@ CREATE TABLE delivery_requeue_item (
     PRIMARY KEY (requeue_id, delivery_id)
 );
 CREATE INDEX delivery_requeue_item_delivery ON delivery_requeue_item (delivery_id);
+
+-- A cohort: the deliveries an operator selects (empty filters match everything). One
+-- definition serves the claim, the requeue and its preview; as a single-expression SQL function
+-- it is inlined into each statement's plan.
+CREATE FUNCTION media_hooks_in_cohort(
+    delivery webhook_delivery,
+    destination_ids text[],
+    event_types text[],
+    asset_ids text[],
+    created_after timestamptz,
+    created_before timestamptz
+) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT (cardinality(destination_ids) = 0 OR delivery.destination_id = ANY (destination_ids))
+       AND (cardinality(event_types) = 0 OR delivery.event_type = ANY (event_types))
+       AND (cardinality(asset_ids) = 0 OR delivery.asset_id = ANY (asset_ids))
+       AND (created_after IS NULL OR delivery.created_at >= created_after)
+       AND (created_before IS NULL OR delivery.created_at < created_before)
+$$;

@@ -1,0 +1,75 @@
+"""The reconciler: claims due deliveries into the outbox for a run, page by page.
+
+A page is one transaction and one statement (``claim_due_page``); pages repeat until nothing
+of the cohort is due or the row cap is reached, so memory stays bounded by the page size
+whatever the backlog. Reconcilers running at once divide the rows (SKIP LOCKED).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import psycopg
+
+from media_hooks import crashpoints
+from media_hooks.cohort import Cohort
+from media_hooks.sqlfiles import query
+
+
+@dataclass(frozen=True)
+class ClaimFigures:
+    claimed: int
+    pages: int
+    by_destination: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A range of one run's outbox messages for one destination: a unit of delivery work."""
+
+    run_id: str
+    destination_id: str
+    first_message_id: str
+    last_message_id: str
+    size: int
+
+
+def claim_page(conn: psycopg.Connection, run_id: str, cohort: Cohort, page_size: int) -> Counter:
+    """Claim one page in one transaction; returns the rows claimed per destination."""
+    with conn.transaction():
+        rows = conn.execute(
+            query("claim_due_page"), {"run_id": run_id, "page_size": page_size, **cohort.params()}
+        ).fetchall()
+        crashpoints.hit(crashpoints.BEFORE_CLAIM_COMMIT)
+    crashpoints.hit(crashpoints.AFTER_OUTBOX_COMMIT)
+    return Counter({row["destination_id"]: row["claimed"] for row in rows})
+
+
+def claim_due(
+    conn: psycopg.Connection,
+    run_id: str,
+    cohort: Cohort,
+    *,
+    page_size: int = 250,
+    max_rows: int | None = None,
+) -> ClaimFigures:
+    """Claim due pages until none is left or ``max_rows`` rows are claimed."""
+    if page_size < 1:
+        raise ValueError("page_size must be at least 1")
+    total: Counter = Counter()
+    pages = 0
+    while max_rows is None or total.total() < max_rows:
+        size = page_size if max_rows is None else min(page_size, max_rows - total.total())
+        claimed = claim_page(conn, run_id, cohort, size)
+        pages += 1
+        total.update(claimed)
+        if claimed.total() < size:
+            break
+    return ClaimFigures(claimed=total.total(), pages=pages, by_destination=dict(total))
+
+
+def plan_batches(conn: psycopg.Connection, run_id: str, *, batch_size: int = 1000) -> list[Batch]:
+    """The run's outbox rows per destination, in ranges of at most ``batch_size`` messages."""
+    rows = conn.execute(query("plan_batches"), {"run_id": run_id, "batch_size": batch_size})
+    return [Batch(run_id=run_id, **row) for row in rows.fetchall()]

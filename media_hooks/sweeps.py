@@ -1,0 +1,65 @@
+"""Maintenance sweeps, each named, bounded and counted: their figures are evidence.
+
+Each can be called from a Dagster op, the CLI or a test. A sweep moves at most ``limit_rows``
+rows per statement and repeats until a statement comes back short.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from media_hooks.config import Settings
+from media_hooks.sqlfiles import query
+
+SWEEP_PAGE = 1000
+
+
+@dataclass(frozen=True)
+class SweepFigures:
+    expired_leases: int
+    stale_enqueues: int
+    breaker_disabled: int
+
+
+def _repeat(conn: psycopg.Connection, name: str, params: dict[str, Any]) -> int:
+    moved_total = 0
+    while True:
+        moved = conn.execute(query(name), {**params, "limit_rows": SWEEP_PAGE}).fetchone()["moved"]
+        moved_total += moved
+        if moved < SWEEP_PAGE:
+            return moved_total
+
+
+def sweep_expired_leases(conn: psycopg.Connection) -> int:
+    return _repeat(conn, "sweep_expired_leases", {})
+
+
+def sweep_stale_enqueues(conn: psycopg.Connection, timeout_seconds: float) -> int:
+    return _repeat(conn, "sweep_stale_enqueues", {"timeout_seconds": timeout_seconds})
+
+
+def release_run(conn: psycopg.Connection, run_id: str) -> int:
+    """A run known to have failed: its enqueued and leased rows become due again now."""
+    return conn.execute(query("release_run"), {"run_id": run_id}).fetchone()["moved"]
+
+
+def trip_circuit_breakers(conn: psycopg.Connection, settings: Settings) -> list[dict[str, str]]:
+    rows = conn.execute(
+        query("trip_circuit_breakers"),
+        {
+            "stretch_seconds": settings.breaker_stretch_seconds,
+            "min_attempts": settings.breaker_min_attempts,
+        },
+    )
+    return rows.fetchall()
+
+
+def run_sweeps(conn: psycopg.Connection, settings: Settings) -> SweepFigures:
+    return SweepFigures(
+        expired_leases=sweep_expired_leases(conn),
+        stale_enqueues=sweep_stale_enqueues(conn, settings.enqueue_timeout_seconds),
+        breaker_disabled=len(trip_circuit_breakers(conn, settings)),
+    )

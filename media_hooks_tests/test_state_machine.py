@@ -1,0 +1,306 @@
+"""The row protocol: leases, fenced outcomes, sweeps and requeue (DESIGN.md invariants)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from media_hooks import leases, sweeps
+from media_hooks.cohort import Cohort
+from media_hooks.config import Settings
+from media_hooks.errors import UserError
+from media_hooks.leases import Message, Outcome
+from media_hooks.reconciler import claim_due
+from media_hooks.requeue import requeue
+from media_hooks_tests.factories import add_deliveries, add_destination, delivery, states
+
+
+def _messages(conn, run_id: str) -> list[Message]:
+    rows = conn.execute(
+        "SELECT message_id, delivery_id FROM dispatch_outbox WHERE run_id = %s ORDER BY message_id",
+        (run_id,),
+    ).fetchall()
+    return [Message(r["message_id"], r["delivery_id"]) for r in rows]
+
+
+def _outcome(
+    lease,
+    outcome: str,
+    *,
+    status: int | None = None,
+    delay: float = 30.0,
+    reason: str | None = "backoff",
+) -> Outcome:
+    now = datetime.now(UTC)
+    return Outcome(
+        lease,
+        outcome,
+        status,
+        None if outcome == "success" else f"HTTP {status}",
+        None,
+        delay,
+        reason,
+        now,
+        now,
+    )
+
+
+def _dispatch(conn, count: int = 1, run_id: str = "run-1", **limits) -> list[Message]:
+    add_destination(conn, "cdn", **limits)
+    add_deliveries(conn, "cdn", count)
+    claim_due(conn, run_id, Cohort())
+    return _messages(conn, run_id)
+
+
+def _expire(conn, delivery_id: str) -> None:
+    conn.execute(
+        "UPDATE webhook_delivery SET lease_until = now() - interval '1 second' WHERE delivery_id = %s",
+        (delivery_id,),
+    )
+
+
+def test_lease_opens_an_attempt_and_success_is_terminal(conn):
+    (message,) = _dispatch(conn)
+    (lease,) = leases.lease(conn, "run-1", [message], lease_seconds=90)
+    row = delivery(conn, message.delivery_id)
+    assert (row["state"], row["attempt_count"], row["lease_token"]) == (
+        "leased",
+        1,
+        lease.lease_token,
+    )
+    attempt = conn.execute("SELECT * FROM delivery_attempt").fetchone()
+    assert (attempt["attempt_no"], attempt["run_id"], attempt["finished_at"]) == (1, "run-1", None)
+
+    assert leases.record(conn, [_outcome(lease, "success", status=200)]) == {
+        message.delivery_id: "succeeded"
+    }
+    row = delivery(conn, message.delivery_id)
+    assert (row["state"], row["lease_token"], row["last_outcome"]) == ("succeeded", None, "success")
+    attempt = conn.execute("SELECT * FROM delivery_attempt").fetchone()
+    assert (attempt["outcome"], attempt["http_status"]) == ("success", 200)
+    assert attempt["finished_at"] is not None
+    # Invariant 4: a terminal row is never leased again, even through its old message.
+    assert leases.lease(conn, "run-1", [message], lease_seconds=90) == []
+
+
+def test_a_message_is_leased_once_even_when_handed_over_twice(conn):
+    (message,) = _dispatch(conn)
+    first = leases.lease(conn, "run-1", [message], lease_seconds=90)
+    second = leases.lease(conn, "run-1", [message], lease_seconds=90)
+    assert len(first) == 1 and second == []
+
+
+def test_fencing_a_late_worker_cannot_overwrite_a_newer_lease(conn):
+    """Invariant 4: A's lease expires, B claims and succeeds, A's late failure changes nothing."""
+    (message,) = _dispatch(conn)
+    (lease_a,) = leases.lease(conn, "run-1", [message], lease_seconds=90)
+    _expire(conn, message.delivery_id)
+    (lease_b,) = leases.lease(conn, "run-2", [message], lease_seconds=90)
+    assert lease_b.lease_token != lease_a.lease_token and lease_b.attempt_no == 2
+
+    assert leases.record(conn, [_outcome(lease_b, "success", status=200)]) == {
+        message.delivery_id: "succeeded"
+    }
+    assert leases.record(conn, [_outcome(lease_a, "retryable", status=500)]) == {}
+    row = delivery(conn, message.delivery_id)
+    assert (row["state"], row["last_outcome"]) == ("succeeded", "success")
+
+
+def test_a_stale_message_is_skipped_after_a_new_dispatch(conn):
+    (old,) = _dispatch(conn)
+    sweeps.release_run(conn, "run-1")
+    claim_due(conn, "run-2", Cohort())
+    (new,) = _messages(conn, "run-2")
+    assert leases.lease(conn, "run-1", [old], lease_seconds=90) == []
+    assert len(leases.lease(conn, "run-2", [new], lease_seconds=90)) == 1
+
+
+@pytest.mark.parametrize(
+    ("outcome", "status", "state"),
+    [
+        ("success", 200, "succeeded"),
+        ("rejected", 400, "dead"),
+        ("retryable", 500, "pending"),
+        ("ambiguous", None, "pending"),
+        ("rate_limited", 429, "pending"),
+    ],
+)
+def test_outcome_moves_the_delivery_as_the_contract_says(conn, outcome, status, state):
+    (message,) = _dispatch(conn)
+    (lease,) = leases.lease(conn, "run-1", [message], lease_seconds=90)
+    before = datetime.now(UTC)
+    assert leases.record(conn, [_outcome(lease, outcome, status=status, delay=120)]) == {
+        message.delivery_id: state
+    }
+    row = delivery(conn, message.delivery_id)
+    if state == "pending":
+        assert (row["next_attempt_at"] - before).total_seconds() == pytest.approx(120, abs=5)
+        assert row["wait_reason"] == "backoff"
+
+
+def test_retry_budget_ends_in_dead_but_rate_limits_do_not_spend_it(conn):
+    (message,) = _dispatch(conn, max_attempts=2)
+    for _ in range(3):  # rate-limited answers give their budget back
+        (lease,) = leases.lease(conn, "run-1", [message], lease_seconds=90)
+        assert (
+            leases.record(conn, [_outcome(lease, "rate_limited", status=429, delay=0)])[
+                message.delivery_id
+            ]
+            == "pending"
+        )
+    (lease,) = leases.lease(conn, "run-1", [message], lease_seconds=90)
+    assert (
+        leases.record(conn, [_outcome(lease, "retryable", status=500, delay=0)])[
+            message.delivery_id
+        ]
+        == "pending"
+    )
+    (lease,) = leases.lease(conn, "run-1", [message], lease_seconds=90)
+    assert (
+        leases.record(conn, [_outcome(lease, "retryable", status=500, delay=0)])[
+            message.delivery_id
+        ]
+        == "dead"
+    )
+    row = delivery(conn, message.delivery_id)
+    assert row["attempt_count"] == 5
+    assert row["wait_reason"] == "dead: retry budget spent (2 attempts)"
+
+
+def test_maximum_age_ends_every_delivery(conn):
+    (message,) = _dispatch(conn, max_age_seconds=60)
+    conn.execute("UPDATE webhook_delivery SET budget_started_at = now() - interval '2 minutes'")
+    (lease,) = leases.lease(conn, "run-1", [message], lease_seconds=90)
+    assert leases.record(conn, [_outcome(lease, "rate_limited", status=429)]) == {
+        message.delivery_id: "dead"
+    }
+    assert delivery(conn, message.delivery_id)["wait_reason"].startswith(
+        "dead: older than the maximum delivery age"
+    )
+
+
+def test_expired_leases_are_swept_back_to_pending_with_the_attempt_marked_ambiguous(conn):
+    messages = _dispatch(conn, count=3)
+    taken = leases.lease(conn, "run-1", messages, lease_seconds=90)
+    _expire(conn, taken[0].delivery_id)
+
+    assert sweeps.sweep_expired_leases(conn) == 1
+    row = delivery(conn, taken[0].delivery_id)
+    assert (row["state"], row["lease_token"], row["wait_reason"]) == (
+        "pending",
+        None,
+        "lease expiry: due again now",
+    )
+    attempt = conn.execute(
+        "SELECT outcome, finished_at, retry_reason FROM delivery_attempt WHERE delivery_id = %s",
+        (taken[0].delivery_id,),
+    ).fetchone()
+    assert (attempt["outcome"], attempt["retry_reason"]) == ("ambiguous", "lease expiry")
+    assert states(conn) == {"pending": 1, "leased": 2}
+    # The lost worker's late report is fenced out.
+    assert leases.record(conn, [_outcome(taken[0], "success", status=200)]) == {}
+
+
+def test_stale_enqueues_are_swept_after_the_timeout(conn):
+    _dispatch(conn, count=4)
+    conn.execute(
+        "UPDATE webhook_delivery SET updated_at = now() - interval '2 hours' WHERE delivery_id LIKE '%%-1' OR delivery_id LIKE '%%-2'"
+    )
+    assert sweeps.sweep_stale_enqueues(conn, timeout_seconds=3600) == 2
+    assert states(conn) == {"pending": 2, "enqueued": 2}
+
+
+def test_release_run_moves_exactly_that_runs_rows(conn):
+    add_destination(conn, "cdn")
+    add_deliveries(conn, "cdn", 3, prefix="a")
+    claim_due(conn, "run-a", Cohort())
+    add_deliveries(conn, "cdn", 2, prefix="b")
+    claim_due(conn, "run-b", Cohort())
+    leases.lease(conn, "run-a", _messages(conn, "run-a")[:1], lease_seconds=90)
+
+    assert sweeps.release_run(conn, "run-a") == 3
+    rows = conn.execute("SELECT delivery_id, state FROM webhook_delivery ORDER BY 1").fetchall()
+    assert {r["delivery_id"]: r["state"] for r in rows} == {
+        "a-cdn-1": "pending",
+        "a-cdn-2": "pending",
+        "a-cdn-3": "pending",
+        "b-cdn-1": "enqueued",
+        "b-cdn-2": "enqueued",
+    }
+    open_attempts = conn.execute(
+        "SELECT count(*) AS n FROM delivery_attempt WHERE finished_at IS NULL"
+    ).fetchone()
+    assert open_attempts["n"] == 0
+
+
+def test_defer_returns_unsent_deliveries_without_spending_budget(conn):
+    messages = _dispatch(conn, count=2)
+    until = datetime(2100, 1, 1, tzinfo=UTC)
+    assert leases.defer(conn, messages, until, "destination paused until 2100 (429)") == 2
+    row = delivery(conn, messages[0].delivery_id)
+    assert (row["state"], row["next_attempt_at"], row["budget_used"]) == ("pending", until, 0)
+
+
+def test_circuit_breaker_disables_a_destination_whose_every_attempt_failed(conn):
+    add_destination(conn, "flaky")
+    add_destination(conn, "healthy")
+    add_deliveries(conn, "flaky", 1)
+    add_deliveries(conn, "healthy", 1)
+    for destination, outcome in (("flaky", "retryable"), ("healthy", "retryable")):
+        conn.execute(
+            """
+            INSERT INTO delivery_attempt (delivery_id, attempt_no, destination_id, lease_token, started_at, finished_at, outcome, error)
+            SELECT %(d)s, g, %(dest)s, gen_random_uuid(), now() - make_interval(hours => 30) + make_interval(mins => g * 58),
+                   now(), %(o)s, 'HTTP 500'
+            FROM generate_series(1, 30) AS g
+            """,
+            {"d": f"d-{destination}-1", "dest": destination, "o": outcome},
+        )
+    conn.execute(
+        "UPDATE delivery_attempt SET outcome = 'success' WHERE destination_id = 'healthy' AND attempt_no = 30"
+    )
+    settings = Settings.from_env()
+    tripped = sweeps.trip_circuit_breakers(conn, settings)
+    assert [row["destination_id"] for row in tripped] == ["flaky"]
+    flaky = conn.execute(
+        "SELECT enabled, disabled_reason FROM webhook_destination WHERE destination_id = 'flaky'"
+    ).fetchone()
+    assert flaky["enabled"] is False and flaky["disabled_reason"].startswith(
+        "circuit breaker: all "
+    )
+    assert states(conn) == {"pending": 2}  # nothing is killed while the destination is off
+
+
+def test_requeue_dead_letters_with_a_fresh_budget_and_an_audit_row(conn):
+    (message,) = _dispatch(conn, max_attempts=1)
+    (lease,) = leases.lease(conn, "run-1", [message], lease_seconds=90)
+    assert (
+        leases.record(conn, [_outcome(lease, "retryable", status=500)])[message.delivery_id]
+        == "dead"
+    )
+
+    preview = requeue(conn, Cohort(), reason="receiver fixed", requested_by="oncall", dry_run=True)
+    assert (preview.matched, preview.moved, preview.by_state) == (1, 0, {"dead": 1})
+    assert delivery(conn, message.delivery_id)["state"] == "dead"
+
+    done = requeue(conn, Cohort(), reason="receiver fixed", requested_by="oncall")
+    assert (done.moved, done.by_state, done.sample) == (1, {"dead": 1}, [message.delivery_id])
+    row = delivery(conn, message.delivery_id)
+    assert (row["state"], row["budget_used"], row["wait_reason"]) == (
+        "pending",
+        0,
+        "requeued by oncall: receiver fixed",
+    )
+    audit = conn.execute("SELECT requested_by, reason, moved FROM delivery_requeue").fetchone()
+    assert audit == {"requested_by": "oncall", "reason": "receiver fixed", "moved": 1}
+    # Same identity: the next dispatch carries the same delivery_id.
+    claim_due(conn, "run-2", Cohort())
+    assert [m.delivery_id for m in _messages(conn, "run-2")] == [message.delivery_id]
+
+
+def test_requeue_refuses_succeeded_and_an_empty_reason(conn):
+    with pytest.raises(UserError, match="succeeded delivery is final"):
+        requeue(conn, Cohort(), states=("succeeded",), reason="x", requested_by="me")
+    with pytest.raises(UserError, match="needs a --reason"):
+        requeue(conn, Cohort(), reason="  ", requested_by="me")

@@ -1,0 +1,149 @@
+-- The delivery worker: relay, lease, record. No statement here is held open across HTTP.
+
+-- name: publish_page
+-- description: The relay: the next page of a run's outbox messages in one destination batch,
+--   marked published as they are handed to the sender. Publishing twice is harmless: the
+--   first publication time is kept and the lease below decides who may send.
+WITH page AS (
+    SELECT message_id
+    FROM dispatch_outbox
+    WHERE run_id = %(run_id)s
+      AND destination_id = %(destination_id)s
+      AND message_id > %(after_message_id)s
+      AND message_id <= %(last_message_id)s
+    ORDER BY message_id
+    LIMIT %(page_size)s
+)
+UPDATE dispatch_outbox AS o
+SET published_at = coalesce(o.published_at, now())
+FROM page
+WHERE o.message_id = page.message_id
+RETURNING o.message_id, o.delivery_id;
+
+-- name: lease_deliveries
+-- description: Lease published messages for one attempt each, only while the message is the
+--   delivery's current dispatch, and open their attempt rows before any request is sent.
+-- keeps: invariant 4 (a fresh lease_token fences every later update; succeeded and dead rows
+--   are never leased), invariant 3 (the attempt row records the start, so a worker that dies
+--   leaves evidence), invariant 5 (only scheduling metadata changes).
+WITH wanted AS (
+    SELECT *
+    FROM unnest(%(delivery_ids)s::text[], %(message_ids)s::text[]) AS w(delivery_id, message_id)
+),
+leased AS (
+    UPDATE webhook_delivery AS d
+    SET state = 'leased',
+        lease_token = gen_random_uuid(),
+        lease_until = now() + make_interval(secs => %(lease_seconds)s),
+        attempt_count = d.attempt_count + 1,
+        budget_used = d.budget_used + 1,
+        updated_at = now()
+    FROM wanted
+    WHERE d.delivery_id = wanted.delivery_id
+      AND d.current_message_id = wanted.message_id
+      AND (d.state = 'enqueued'
+           OR (d.state = 'pending' AND d.next_attempt_at <= now())
+           OR (d.state = 'leased' AND d.lease_until < now()))
+    RETURNING d.delivery_id, d.destination_id, d.current_message_id AS message_id,
+              d.lease_token, d.attempt_count AS attempt_no, d.body
+),
+opened AS (
+    INSERT INTO delivery_attempt (delivery_id, attempt_no, destination_id, message_id, run_id, lease_token)
+    SELECT delivery_id, attempt_no, destination_id, message_id, %(run_id)s, lease_token
+    FROM leased
+)
+SELECT delivery_id, message_id, lease_token, attempt_no, body
+FROM leased;
+
+-- name: record_outcomes
+-- description: Record the outcomes of leased attempts and move each delivery to its next state
+--   (CONTRACT.md "Outcomes"), closing the attempt rows in the same statement.
+-- keeps: invariant 4 (only the current lease holder moves the row: a late worker whose lease
+--   expired and was re-claimed matches nothing), invariant 5 (a retry changes next_attempt_at
+--   and counts, never identity), invariant 6 (the table owns the retry clock).
+WITH result AS (
+    SELECT *
+    FROM unnest(%(delivery_ids)s::text[], %(lease_tokens)s::uuid[], %(outcomes)s::text[],
+                %(http_statuses)s::integer[], %(errors)s::text[], %(excerpts)s::text[],
+                %(delays)s::double precision[], %(delay_reasons)s::text[],
+                %(started_at)s::timestamptz[], %(finished_at)s::timestamptz[])
+         AS r(delivery_id, lease_token, outcome, http_status, error, excerpt,
+              delay, delay_reason, started_at, finished_at)
+),
+decided AS (
+    SELECT r.*,
+           d.attempt_count AS attempt_no,
+           CASE
+               WHEN r.outcome = 'success' THEN 'succeeded'
+               WHEN r.outcome = 'rejected' THEN 'dead'
+               WHEN now() >= d.budget_started_at + make_interval(secs => w.max_age_seconds) THEN 'dead'
+               WHEN r.outcome <> 'rate_limited' AND d.budget_used >= w.max_attempts THEN 'dead'
+               ELSE 'pending'
+           END AS next_state,
+           CASE
+               WHEN r.outcome IN ('success', 'rejected') THEN NULL
+               WHEN now() >= d.budget_started_at + make_interval(secs => w.max_age_seconds)
+                   THEN 'dead: older than the maximum delivery age (' || w.max_age_seconds || ' s)'
+               WHEN r.outcome <> 'rate_limited' AND d.budget_used >= w.max_attempts
+                   THEN 'dead: retry budget spent (' || w.max_attempts || ' attempts)'
+               ELSE r.delay_reason
+           END AS reason
+    FROM result AS r
+    JOIN webhook_delivery AS d
+      ON d.delivery_id = r.delivery_id AND d.state = 'leased' AND d.lease_token = r.lease_token
+    JOIN webhook_destination AS w ON w.destination_id = d.destination_id
+    FOR UPDATE OF d
+),
+moved AS (
+    UPDATE webhook_delivery AS d
+    SET state = decided.next_state,
+        next_attempt_at = CASE WHEN decided.next_state = 'pending'
+                               THEN now() + make_interval(secs => decided.delay)
+                               ELSE d.next_attempt_at END,
+        -- A rate-limited attempt gives its unit of retry budget back.
+        budget_used = CASE WHEN decided.outcome = 'rate_limited'
+                           THEN greatest(d.budget_used - 1, 0) ELSE d.budget_used END,
+        lease_until = NULL,
+        lease_token = NULL,
+        last_outcome = decided.outcome,
+        last_error = decided.error,
+        wait_reason = decided.reason,
+        updated_at = now()
+    FROM decided
+    WHERE d.delivery_id = decided.delivery_id
+      AND d.state = 'leased'
+      AND d.lease_token = decided.lease_token
+    RETURNING d.delivery_id, d.state, d.next_attempt_at, decided.attempt_no, decided.outcome,
+              decided.http_status, decided.error, decided.excerpt, decided.reason,
+              decided.started_at, decided.finished_at
+),
+closed AS (
+    UPDATE delivery_attempt AS a
+    SET finished_at = moved.finished_at,
+        outcome = moved.outcome,
+        http_status = moved.http_status,
+        error = moved.error,
+        response_excerpt = moved.excerpt,
+        next_attempt_at = CASE WHEN moved.state = 'pending' THEN moved.next_attempt_at END,
+        retry_reason = moved.reason
+    FROM moved
+    WHERE a.delivery_id = moved.delivery_id AND a.attempt_no = moved.attempt_no
+)
+SELECT delivery_id, state
+FROM moved;
+
+-- name: defer_deliveries
+-- description: Hand dispatched deliveries that cannot be sent in this run back to pending, due
+--   at a given time, without using retry budget (their destination is paused or disabled, or
+--   its rate limit leaves no room before the run must stop).
+-- keeps: invariant 3 (nothing waits invisibly in enqueued), invariant 5.
+UPDATE webhook_delivery AS d
+SET state = 'pending',
+    next_attempt_at = greatest(%(due_at)s::timestamptz, now()),
+    wait_reason = %(reason)s,
+    updated_at = now()
+FROM unnest(%(delivery_ids)s::text[], %(message_ids)s::text[]) AS w(delivery_id, message_id)
+WHERE d.delivery_id = w.delivery_id
+  AND d.current_message_id = w.message_id
+  AND d.state = 'enqueued'
+RETURNING d.delivery_id;

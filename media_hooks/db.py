@@ -31,6 +31,13 @@ def redact(url: str) -> str:
     return conninfo.make_conninfo(**params)
 
 
+def with_database(url: str, name: str) -> str:
+    """The same server and credentials, another database."""
+    params = conninfo.conninfo_to_dict(url)
+    params["dbname"] = name
+    return conninfo.make_conninfo(**params)
+
+
 def resolve_url(settings: Settings) -> str:
     """The libpq URL to use: the configured one, or the embedded server's (started if needed)."""
     if settings.database_url is not None:

@@ -32,8 +32,9 @@ enqueued AS (
         current_message_id = d.delivery_id || ':' || (d.dispatch_count + 1),
         wait_reason = NULL,
         updated_at = now()
-    FROM due
-    WHERE d.delivery_id = due.delivery_id
+    -- = ANY(ARRAY(...)) keeps this a primary-key index scan; a join on the CTE lets the
+    -- planner pick a sequential scan of the whole table.
+    WHERE d.delivery_id = ANY (ARRAY(SELECT delivery_id FROM due))
     RETURNING d.delivery_id, d.destination_id, d.dispatch_count, d.current_message_id, d.body
 ),
 outbox AS (

@@ -16,8 +16,8 @@ WITH page AS (
 )
 UPDATE dispatch_outbox AS o
 SET published_at = coalesce(o.published_at, now())
-FROM page
-WHERE o.message_id = page.message_id
+-- = ANY(ARRAY(...)) keeps this a primary-key index scan (a join on the CTE may not).
+WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM page))
 RETURNING o.message_id, o.delivery_id;
 
 -- name: lease_deliveries

@@ -79,12 +79,14 @@ SELECT count(*)::integer AS moved FROM moved;
 -- keeps: invariant 3 (a dead run strands nothing), invariant 4 (its leases are revoked).
 WITH mine AS (
     SELECT d.delivery_id, d.lease_token, d.attempt_count, d.state
-    FROM dispatch_outbox AS o
-    JOIN webhook_delivery AS d
-      ON d.delivery_id = o.delivery_id AND d.current_message_id = o.message_id
-    WHERE o.run_id = %(run_id)s
+    FROM webhook_delivery AS d
+    -- The run's dispatches by the outbox's run index, then each delivery by primary key.
+    WHERE d.delivery_id = ANY (ARRAY(SELECT o.delivery_id FROM dispatch_outbox AS o
+                                     WHERE o.run_id = %(run_id)s))
       AND d.state IN ('enqueued', 'leased')
-    FOR UPDATE OF d
+      AND EXISTS (SELECT 1 FROM dispatch_outbox AS o
+                  WHERE o.message_id = d.current_message_id AND o.run_id = %(run_id)s)
+    FOR UPDATE
 ),
 moved AS (
     UPDATE webhook_delivery AS d

@@ -1,0 +1,98 @@
+"""Delivery throughput: the engine against a local receiver that answers 200 at once.
+
+    .venv/bin/python bench/delivery.py [--rows 10000] [--destinations 10] [--in-flight 4]
+
+10 destinations without effective rate limits, one process. Reports deliveries/s of a whole
+run (sweeps, claim, relay, permits, leases, sends, outcome records) beside a bare
+``requests.Session`` loop posting the same bodies to the same receiver in the same run
+(targets: at least 1,000 deliveries/s and at least 0.5x the bare loop). Writes
+bench/results/delivery.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+import psycopg
+import requests
+from fast_receiver import fast_receiver
+from scratch import scratch_database, write_results
+
+from media_hooks import db
+from media_hooks.config import Settings
+from media_hooks.delivery_run import deliver_due
+
+SEED = """
+INSERT INTO webhook_destination (destination_id, url, rate_per_second, burst, max_in_flight)
+SELECT 'dest-' || n, %(url)s || 'dest-' || n, 1e6, 10000, %(in_flight)s
+FROM generate_series(1, %(destinations)s) AS n
+"""
+SEED_DELIVERIES = """
+INSERT INTO webhook_delivery (delivery_id, destination_id, asset_id, event_type, payload, body)
+SELECT 'bench-' || g, 'dest-' || (1 + g %% %(destinations)s), 'asset-' || g, 'transcode.completed',
+       jsonb_build_object('n', g, 'rendition', '1080p'),
+       convert_to(json_build_object('type', 'transcode.completed', 'asset_id', 'asset-' || g,
+                  'data', json_build_object('n', g, 'rendition', '1080p'))::text, 'UTF8')
+FROM generate_series(1, %(rows)s) AS g
+"""
+
+
+def bare_loop(url: str, bodies: list[bytes]) -> float:
+    """Requests/s of a plain keep-alive session posting ``bodies`` one after another."""
+    session = requests.Session()
+    session.trust_env = False
+    start = time.perf_counter()
+    for n, body in enumerate(bodies):
+        response = session.post(
+            url, data=body, headers={"Content-Type": "application/json", "webhook-id": f"b-{n}"}
+        )
+        response.content  # noqa: B018 - read the answer as the engine does
+    return len(bodies) / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=10_000)
+    parser.add_argument("--destinations", type=int, default=10)
+    parser.add_argument("--in-flight", type=int, default=4)
+    args = parser.parse_args()
+    settings = dataclasses.replace(Settings.from_env(), allow_private_urls=True)
+    with fast_receiver() as receiver_url, scratch_database() as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            params = {
+                "url": receiver_url,
+                "in_flight": args.in_flight,
+                "destinations": args.destinations,
+                "rows": args.rows,
+            }
+            conn.execute(SEED, params)
+            conn.execute(SEED_DELIVERIES, params)
+            conn.execute("VACUUM ANALYZE")
+            bodies = [
+                bytes(r[0])
+                for r in conn.execute("SELECT body FROM webhook_delivery LIMIT 3000").fetchall()
+            ]
+        bare = bare_loop(receiver_url, bodies)
+        with db.open_pool(url, max_size=args.destinations + 4) as pool:
+            start = time.perf_counter()
+            report = deliver_due(pool, "bench", settings, page_size=1000, batch_size=args.rows)
+            seconds = time.perf_counter() - start
+        assert report.totals.succeeded == args.rows, report.totals
+        engine = args.rows / seconds
+    figures = {
+        "rows": args.rows,
+        "destinations": args.destinations,
+        "max_in_flight_per_destination": args.in_flight,
+        "engine_deliveries_per_s": round(engine),
+        "bare_requests_loop_per_s": round(bare),
+        "ratio_to_bare": round(engine / bare, 3),
+        "run_seconds": round(seconds, 2),
+    }
+    print(figures)
+    print(f"written to {write_results('delivery', figures)}")
+
+
+if __name__ == "__main__":
+    main()

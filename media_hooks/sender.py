@@ -1,0 +1,268 @@
+"""One destination's HTTP sender: the request exactly as CONTRACT.md says, and its outcome.
+
+A ``Sender`` owns one pooled, keep-alive ``requests.Session`` for one destination URL and is
+safe to call from the destination's worker threads at once. It never raises for a failed
+delivery: every answer, timeout or refused connection comes back as an ``AttemptResult``
+classified by ``media_hooks.outcomes``.
+
+Two costs requests would otherwise pay on every request are paid once, at construction: the
+proxy lookup from the environment (it halves throughput to a local receiver) and the CA bundle
+lookup. Users behind an egress proxy still get their proxy; only its lookup is hoisted.
+
+The SSRF guard runs on the address actually connected to, after DNS resolution, before a byte
+is sent: a name that was public when the destination was added may resolve to a private
+address now. Through an egress proxy the peer is the proxy, which resolves the name itself;
+there the destination's name is resolved and checked before each request instead.
+"""
+
+from __future__ import annotations
+
+import http.cookiejar
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import requests
+import requests.adapters
+import requests.utils
+import urllib3.connection
+import urllib3.connectionpool
+import urllib3.exceptions
+
+from media_hooks import crashpoints, outcomes, ssrf
+from media_hooks.signing import decode_secret, sign
+
+USER_AGENT = "media-hooks/0.1"
+MAX_RESPONSE_READ_BYTES = 64 * 1024
+MAX_EXCERPT_CHARS = 4 * 1024
+_READ_CHUNK = 16 * 1024
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    """What one HTTP attempt did: the row ``delivery_attempt`` records."""
+
+    outcome: str
+    http_status: int | None
+    error: str | None
+    response_excerpt: str | None
+    retry_after_seconds: float | None
+    disable_destination: bool
+    started_at: datetime
+    finished_at: datetime
+    # False only when nothing can have reached the receiver (refused, DNS, SSRF guard...).
+    request_sent: bool
+
+
+class ForbiddenPeer(urllib3.exceptions.NewConnectionError, ssrf.ForbiddenAddress):
+    """The connected address is one the SSRF guard refuses; the socket is closed unused."""
+
+    def __init__(self, conn: Any, detail: str) -> None:
+        super().__init__(conn, detail)
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return self.detail
+
+
+class _PeerCheckedConnection:
+    """Mixin for urllib3 connections: check the peer right after the TCP connect."""
+
+    def _new_conn(self) -> socket.socket:
+        sock = super()._new_conn()  # type: ignore[misc]
+        address = sock.getpeername()[0]
+        try:
+            ssrf.check_address(address, allow_private=False)
+        except ssrf.ForbiddenAddress as exc:
+            sock.close()
+            raise ForbiddenPeer(self, f"connected to {self.host}: {exc}") from None  # type: ignore[arg-type]
+        return sock
+
+
+class _CheckedHTTPConnection(_PeerCheckedConnection, urllib3.connection.HTTPConnection):
+    pass
+
+
+class _CheckedHTTPSConnection(_PeerCheckedConnection, urllib3.connection.HTTPSConnection):
+    pass
+
+
+class _CheckedHTTPPool(urllib3.connectionpool.HTTPConnectionPool):
+    ConnectionCls = _CheckedHTTPConnection
+
+
+class _CheckedHTTPSPool(urllib3.connectionpool.HTTPSConnectionPool):
+    ConnectionCls = _CheckedHTTPSConnection
+
+
+class _GuardedAdapter(requests.adapters.HTTPAdapter):
+    """Direct connections go through the peer check; proxy connections are the proxy's."""
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = {
+            "http": _CheckedHTTPPool,
+            "https": _CheckedHTTPSPool,
+        }
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _excerpt(data: bytes) -> str | None:
+    if not data:
+        return None
+    # PostgreSQL text cannot hold NUL.
+    return data.decode("utf-8", errors="replace").replace("\x00", "\ufffd")[:MAX_EXCERPT_CHARS]
+
+
+class Sender:
+    """Posts deliveries to one destination URL, signed with its active secrets."""
+
+    def __init__(
+        self,
+        url: str,
+        secrets: Sequence[str],
+        timeout_seconds: float,
+        allow_private: bool,
+        max_in_flight: int = 4,
+    ) -> None:
+        for secret in secrets:
+            decode_secret(secret)  # a malformed secret fails here, not on every send
+        self.url = url
+        self.timeout_seconds = timeout_seconds
+        self._secrets = tuple(secrets)
+        self._session = self._build_session(url, allow_private, max_in_flight)
+        proxied = requests.utils.select_proxy(url, self._session.proxies) is not None
+        self._check_name_each_send = not allow_private and proxied
+
+    @property
+    def worst_case_seconds(self) -> float:
+        """The longest one ``send`` can take: connect, wait for the answer, read the body.
+
+        A lease on a delivery must outlast this. (Each socket read is bounded by the timeout;
+        a receiver trickling its status line and headers a byte at a time could stretch the
+        wait further, which is why an expired lease is fenced, not trusted.)
+        """
+        return 3 * self.timeout_seconds
+
+    @staticmethod
+    def _build_session(url: str, allow_private: bool, max_in_flight: int) -> requests.Session:
+        session = requests.Session()
+        session.trust_env = False
+        session.proxies = requests.utils.get_environ_proxies(url)
+        session.verify = (
+            os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
+        )
+        session.headers["User-Agent"] = USER_AGENT
+        # A receiver's cookies must not ride along on other deliveries.
+        session.cookies.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+        size = max(1, max_in_flight)
+        adapter_cls = requests.adapters.HTTPAdapter if allow_private else _GuardedAdapter
+        adapter = adapter_cls(pool_connections=1, pool_maxsize=size, max_retries=0)
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
+        return session
+
+    def _headers(self, delivery_id: str, body: bytes) -> dict[str, str]:
+        timestamp = int(time.time())
+        headers = {
+            "Content-Type": "application/json",
+            "webhook-id": delivery_id,
+            "Idempotency-Key": delivery_id,
+            "webhook-timestamp": str(timestamp),
+        }
+        if self._secrets:
+            headers["webhook-signature"] = sign(self._secrets, delivery_id, timestamp, body)
+        return headers
+
+    def send(self, delivery_id: str, body: bytes) -> AttemptResult:
+        """One attempt: POST the body, classify the answer. Never raises for a failed send."""
+        started_at = _now()
+        deadline = time.monotonic() + 2 * self.timeout_seconds
+        try:
+            if self._check_name_each_send:
+                ssrf.check_url(self.url, allow_private=False)
+            response = self._session.post(
+                self.url,
+                data=body,
+                headers=self._headers(delivery_id, body),
+                allow_redirects=False,
+                timeout=(self.timeout_seconds, self.timeout_seconds),
+                stream=True,
+            )
+        except (requests.RequestException, ssrf.ForbiddenAddress) as exc:
+            failure = outcomes.classify_failure(exc)
+            return AttemptResult(
+                outcome=failure.outcome,
+                http_status=None,
+                error=failure.error,
+                response_excerpt=None,
+                retry_after_seconds=None,
+                disable_destination=False,
+                started_at=started_at,
+                finished_at=_now(),
+                request_sent=failure.request_sent,
+            )
+        crashpoints.hit(crashpoints.AFTER_RECEIVER_ACCEPTED)
+        return self._answered(response, started_at, deadline)
+
+    def _answered(
+        self, response: requests.Response, started_at: datetime, deadline: float
+    ) -> AttemptResult:
+        with response:
+            data, read_error = _read_limited(response, deadline)
+        classification = outcomes.classify_response(response.status_code, response.headers)
+        error = None
+        if classification.outcome != outcomes.SUCCESS:
+            error = f"HTTP {response.status_code} {response.reason or ''}".rstrip()
+        if read_error:
+            # The status line is the receiver's answer; a broken body does not change it.
+            error = f"{error}; {read_error}" if error else read_error
+        return AttemptResult(
+            outcome=classification.outcome,
+            http_status=response.status_code,
+            error=error,
+            response_excerpt=_excerpt(data),
+            retry_after_seconds=classification.retry_after_seconds,
+            disable_destination=classification.disable_destination,
+            started_at=started_at,
+            finished_at=_now(),
+            request_sent=True,
+        )
+
+    def close(self) -> None:
+        self._session.close()
+
+    def __enter__(self) -> Sender:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _read_limited(response: requests.Response, deadline: float) -> tuple[bytes, str | None]:
+    """At most 64 KiB of the body, stopping at the deadline; and why reading stopped early.
+
+    A body read to its end hands the connection back to the pool (keep-alive); one cut short
+    is closed with the response.
+    """
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        while size < MAX_RESPONSE_READ_BYTES:
+            if time.monotonic() > deadline:
+                return b"".join(chunks), "response body read stopped at the deadline"
+            chunk = response.raw.read(min(_READ_CHUNK, MAX_RESPONSE_READ_BYTES - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        return b"".join(chunks), f"response body read failed: {type(exc).__name__}"
+    return b"".join(chunks), None

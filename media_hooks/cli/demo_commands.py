@@ -1,0 +1,76 @@
+"""``media-hooks demo``: the main job end to end, with a summary, a chart and what to try next."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from media_hooks.cli.output import print_json, table
+from media_hooks.config import Settings
+from media_hooks.demo import DemoResult, run_demo
+
+COLUMNS = (
+    ("destination_id", "destination"),
+    ("deliveries", "events"),
+    ("delivered", "delivered"),
+    ("retried", "retried"),
+    ("rate_limited", "rate-limited"),
+    ("ambiguous", "ambiguous"),
+    ("dead", "dead"),
+    ("attempts", "attempts"),
+)
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "demo",
+        help="the main job end to end: a local receiver, destinations, events, delivery runs",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.set_defaults(handler=run)
+
+
+def _rate(row: dict) -> str:
+    achieved = "-" if row["achieved_rate"] is None else f"{row['achieved_rate']:.1f}/s"
+    return f"{achieved} (peak {row['peak_starts_per_second']}/s) vs {row['rate_per_second']:g}/s"
+
+
+def render(result: DemoResult) -> str:
+    rows = [[*(row[key] for key, _ in COLUMNS), _rate(row)] for row in result.destinations]
+    headers = [header for _, header in COLUMNS] + ["achieved rate vs limit"]
+    r = result.receiver
+    examples = result.examples
+    return "\n".join(
+        [
+            "",
+            table(headers, rows),
+            "",
+            f"receiver: {r['requests']} requests, {r['accepted_ids']} distinct deliveries "
+            f"accepted, {r['duplicate_requests']} duplicate(s) answered from memory, "
+            f"{r['rejected_signatures']} bad signature(s)",
+            f"{len(result.runs)} Dagster run(s): {', '.join(run['run_id'] for run in result.runs)}",
+            f"chart of request starts per second: {result.chart}",
+            f"finished in {result.seconds:.0f}s",
+            "",
+            "where to look next:",
+            "  media-hooks status                          the whole picture",
+            f"  media-hooks inspect {examples['ambiguous_then_succeeded']:<24}a timeout, then a retry",
+            f"  media-hooks inspect {examples['dead']:<24}a rejection: dead",
+            "  media-hooks dev                             the Dagster UI: these runs, the job, sensors",
+        ]
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    # With --json, progress goes to stderr so stdout holds one JSON document.
+    stream = sys.stderr if args.json else sys.stdout
+
+    def say(line: str) -> None:
+        print(line, file=stream, flush=True)
+
+    result = run_demo(Settings.from_env(), say)
+    if args.json:
+        print_json(result.as_dict())
+    else:
+        print(render(result))
+    return 0

@@ -1,0 +1,45 @@
+"""``media-hooks inspect DELIVERY_ID``: one delivery's story in time order, and its verdict."""
+
+from __future__ import annotations
+
+import argparse
+
+from media_hooks import db
+from media_hooks.cli.output import print_json, table
+from media_hooks.config import Settings
+from media_hooks.inspection import Story, format_time, inspect_delivery
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "inspect",
+        help="a delivery's whole story (dispatches, attempts, requeues, runs) and its verdict",
+    )
+    parser.add_argument("delivery_id", metavar="DELIVERY_ID")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.set_defaults(handler=run_inspect)
+
+
+def render(story: Story) -> str:
+    d = story.delivery
+    head = (
+        f"delivery {d['delivery_id']}: {d['event_type']} for asset {d['asset_id']} "
+        f"to destination {d['destination_id']}\n"
+        f"state {d['state']}, {d['attempt_count']} attempt(s), "
+        f"{d['budget_used']} of {d['max_attempts']} of the retry budget used, "
+        f"{d['dispatch_count']} dispatch(es)"
+    )
+    lines = table(["when", "what"], [[format_time(e.at), e.text] for e in story.events])
+    runs = ", ".join(story.run_ids) if story.run_ids else "none yet"
+    return f"{head}\n\n{lines}\n\nverdict: {story.verdict.text}\nDagster runs: {runs}"
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    url = db.ready_url(Settings.from_env())
+    with db.connect(url, autocommit=True) as conn:
+        story = inspect_delivery(conn, args.delivery_id)
+    if args.json:
+        print_json(story.as_dict())
+    else:
+        print(render(story))
+    return 0

@@ -1,0 +1,85 @@
+"""``media-hooks status``: the operator's dashboard in a terminal (media_hooks.figures)."""
+
+from __future__ import annotations
+
+import argparse
+
+from media_hooks import db, figures
+from media_hooks.cli.output import print_json, table
+from media_hooks.config import Settings
+from media_hooks.inspection import format_age, format_time
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "status",
+        help="counts by state and destination, oldest due age, relay lag, leases, dead letters",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document (seconds)")
+    parser.set_defaults(handler=run_status)
+
+
+def _headline(f: figures.Figures) -> list[list[str]]:
+    newest_dead = f" (newest {format_time(f.newest_dead_at)})" if f.newest_dead_at else ""
+    return [
+        ["oldest due (sendable)", format_age(f.oldest_due_age_seconds)],
+        ["oldest due (any)", format_age(f.oldest_due_any_age_seconds)],
+        ["relay lag", format_age(f.relay_lag_seconds)],
+        ["oldest enqueued", format_age(f.oldest_enqueued_age_seconds)],
+        ["expired leases", str(f.expired_leases)],
+        ["dead letters", f"{f.dead_letters}{newest_dead}"],
+    ]
+
+
+def _counts(f: figures.Figures) -> str:
+    rows = [
+        [destination, *(by_state.get(s, 0) for s in figures.STATES), sum(by_state.values())]
+        for destination, by_state in sorted(f.counts.items())
+    ]
+    totals = f.totals
+    rows.append(["total", *(totals[s] for s in figures.STATES), sum(totals.values())])
+    return table(["destination", *figures.STATES, "all"], rows)
+
+
+def _flags(f: figures.Figures) -> str:
+    rows = [
+        [p.destination_id, "paused", f"until {format_time(p.paused_until)}", p.paused_reason]
+        for p in f.paused
+    ] + [
+        [d.destination_id, "disabled", f"since {format_time(d.disabled_at)}", d.disabled_reason]
+        for d in f.disabled
+    ]
+    if not rows:
+        return "no destination is paused or disabled"
+    return table(["destination", "condition", "when", "why"], rows)
+
+
+def _attempts(f: figures.Figures) -> str:
+    outcomes = sorted(set(f.attempts_last_day) | set(f.attempts_last_hour))
+    if not outcomes:
+        return "no attempts finished in the last day"
+    rows = [[o, f.attempts_last_hour.get(o, 0), f.attempts_last_day.get(o, 0)] for o in outcomes]
+    return table(["attempt outcome", "last hour", "last day"], rows)
+
+
+def render(f: figures.Figures) -> str:
+    return "\n\n".join(
+        [
+            f"measured at {format_time(f.measured_at)}\n"
+            + table(["figure", "value"], _headline(f)),
+            _counts(f),
+            _flags(f),
+            _attempts(f),
+        ]
+    )
+
+
+def run_status(args: argparse.Namespace) -> int:
+    url = db.ready_url(Settings.from_env())
+    with db.connect(url, autocommit=True) as conn:
+        measured = figures.measure(conn)
+    if args.json:
+        print_json(measured.as_dict())
+    else:
+        print(render(measured))
+    return 0

@@ -1,0 +1,106 @@
+"""`media-hooks demo` end to end as a real process, and its reset of its own data only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from psycopg import conninfo
+
+from media_hooks import demo
+from media_hooks_tests.conftest import drop_database, run_cli
+from media_hooks_tests.factories import add_deliveries, add_destination
+
+
+@pytest.fixture
+def demo_env(cli_env, server_url, database_url):
+    # The demo must not need the user to allow private addresses: it allows them for its own
+    # loopback destinations only.
+    env = {k: v for k, v in cli_env.items() if k != "MEDIA_HOOKS_ALLOW_PRIVATE_URLS"}
+    yield env
+    # Dagster's run storage goes to a database beside the test's (media_hooks.orchestration).
+    drop_database(server_url, conninfo.conninfo_to_dict(database_url)["dbname"] + "_dagster")
+
+
+def _expected(conn, destination_id: str) -> dict:
+    return conn.execute(
+        """
+        SELECT
+          (SELECT count(*) FROM webhook_delivery WHERE destination_id = %(d)s) AS deliveries,
+          (SELECT count(*) FROM webhook_delivery
+            WHERE destination_id = %(d)s AND state = 'succeeded') AS delivered,
+          (SELECT count(*) FROM webhook_delivery
+            WHERE destination_id = %(d)s AND state = 'dead') AS dead,
+          (SELECT count(*) FROM delivery_attempt WHERE destination_id = %(d)s) AS attempts,
+          (SELECT count(*) FROM delivery_attempt
+            WHERE destination_id = %(d)s AND outcome IN ('retryable', 'ambiguous')) AS retried,
+          (SELECT count(*) FROM delivery_attempt
+            WHERE destination_id = %(d)s AND outcome = 'rate_limited') AS rate_limited,
+          (SELECT count(*) FROM delivery_attempt
+            WHERE destination_id = %(d)s AND outcome = 'ambiguous') AS ambiguous
+        """,
+        {"d": destination_id},
+    ).fetchone()
+
+
+def test_demo_runs_end_to_end_and_its_summary_matches_the_database(conn, demo_env):
+    add_destination(conn, "someone-else", "http://127.0.0.1:9/theirs")
+    (theirs,) = add_deliveries(conn, "someone-else", 1)
+
+    result = run_cli("demo", "--json", env=demo_env, timeout=90)
+    assert result.returncode == 0, result.stderr[-3000:]
+    document = json.loads(result.stdout)
+    assert document["seconds"] < 60
+
+    rows = {row["destination_id"]: row for row in document["destinations"]}
+    assert set(rows) == {d.destination_id for d in demo.DESTINATIONS}
+    for destination_id, row in rows.items():
+        expected = _expected(conn, destination_id)
+        assert {key: row[key] for key in expected} == expected, destination_id
+        # Starts in any one clock second stay within the limit plus its burst.
+        assert row["peak_starts_per_second"] <= row["rate_per_second"] + row["burst"]
+    partner = rows[demo.MISBEHAVING]
+    assert partner["dead"] == 1 and partner["rate_limited"] == 2 and partner["ambiguous"] == 1
+    assert partner["retried"] == 5
+    assert all(rows[d]["delivered"] == rows[d]["deliveries"] for d in ("demo-cdn", "demo-archive"))
+
+    # The receiver saw each delivered event once as an effect, whatever the retries.
+    delivered = sum(row["delivered"] for row in rows.values())
+    assert document["receiver"]["accepted_ids"] == delivered
+    assert document["receiver"]["rejected_signatures"] == 0
+    # Every run the demo reports is the run that claimed the demo's outbox rows.
+    outbox_runs = {
+        row["run_id"] for row in conn.execute("SELECT DISTINCT run_id FROM dispatch_outbox")
+    }
+    assert outbox_runs == {run["run_id"] for run in document["runs"]}
+
+    chart = Path(document["chart"])
+    assert chart == Path(demo_env["MEDIA_HOOKS_HOME"]) / "demo" / "request_rate.png"
+    assert chart.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+    # Someone else's delivery was neither sent nor touched.
+    other = conn.execute(
+        "SELECT state, attempt_count FROM webhook_delivery WHERE delivery_id = %s", (theirs,)
+    ).fetchone()
+    assert other == {"state": "pending", "attempt_count": 0}
+
+
+def test_reset_removes_only_the_demos_own_data(conn):
+    add_destination(conn, "demo-cdn")
+    add_destination(conn, "kept")
+    add_deliveries(conn, "demo-cdn", 3)
+    kept = add_deliveries(conn, "kept", 2)
+    conn.execute(
+        "INSERT INTO dispatch_outbox (message_id, delivery_id, dispatch_no, destination_id, "
+        "run_id, body) SELECT delivery_id || ':1', delivery_id, 1, destination_id, 'r', body "
+        "FROM webhook_delivery"
+    )
+    removed = demo.reset(conn)
+    assert removed == {"deliveries": 3, "destinations": 1}
+    left = conn.execute("SELECT delivery_id FROM webhook_delivery ORDER BY 1").fetchall()
+    assert [row["delivery_id"] for row in left] == sorted(kept)
+    outbox = conn.execute("SELECT count(*) AS n FROM dispatch_outbox").fetchone()["n"]
+    assert outbox == 2
+    destinations = conn.execute("SELECT destination_id FROM webhook_destination").fetchall()
+    assert destinations == [{"destination_id": "kept"}]

@@ -1,0 +1,128 @@
+-- `media-hooks demo` (media_hooks.demo): its own data only. Every statement is limited to the
+-- destinations whose id starts with the demo's prefix; nothing else is read or touched.
+
+-- name: demo_reset
+-- description: delete the demo's previous data, children first in one statement (foreign keys
+--   are checked at its end): attempts, outbox rows, requeue items and tombstones of demo
+--   deliveries, the deliveries, then the demo destinations (their limiter rows cascade).
+--   Operator requeue headers stay: they may name other deliveries too.
+WITH doomed AS (
+    SELECT d.delivery_id
+    FROM webhook_delivery AS d
+    WHERE starts_with(d.destination_id, %(prefix)s)
+),
+attempts AS (
+    DELETE FROM delivery_attempt AS a
+    WHERE a.delivery_id IN (SELECT delivery_id FROM doomed)
+),
+outbox AS (
+    DELETE FROM dispatch_outbox AS o
+    WHERE o.delivery_id IN (SELECT delivery_id FROM doomed)
+),
+requeue_items AS (
+    DELETE FROM delivery_requeue_item AS i
+    WHERE i.delivery_id IN (SELECT delivery_id FROM doomed)
+),
+tombstones AS (
+    DELETE FROM delivery_tombstone AS t
+    WHERE starts_with(t.destination_id, %(prefix)s)
+),
+deliveries AS (
+    DELETE FROM webhook_delivery AS d
+    WHERE d.delivery_id IN (SELECT delivery_id FROM doomed)
+    RETURNING d.delivery_id
+),
+destinations AS (
+    DELETE FROM webhook_destination AS w
+    WHERE starts_with(w.destination_id, %(prefix)s)
+    RETURNING w.destination_id
+)
+SELECT (SELECT count(*) FROM deliveries)::integer AS deliveries,
+       (SELECT count(*) FROM destinations)::integer AS destinations;
+
+-- name: demo_unfinished
+-- description: the demo's deliveries not yet terminal, and how long until the earliest pending
+--   one may be claimed (its own retry time or its destination's pause, whichever is later).
+SELECT count(*)::integer AS unfinished,
+       extract(epoch FROM min(greatest(d.next_attempt_at, coalesce(w.paused_until, d.next_attempt_at)))
+               FILTER (WHERE d.state = 'pending') - now())::double precision AS due_in_seconds
+FROM webhook_delivery AS d
+JOIN webhook_destination AS w ON w.destination_id = d.destination_id
+WHERE d.destination_id = ANY (%(destination_ids)s)
+  AND d.state NOT IN ('succeeded', 'dead');
+
+-- name: demo_summary
+-- description: per demo destination: deliveries by outcome (from webhook_delivery), attempts
+--   by outcome (from delivery_attempt), the mean start rate of first attempts, and the most
+--   starts in any one clock second, beside the destination's limit.
+WITH deliveries AS (
+    SELECT d.destination_id,
+           count(*)::integer AS deliveries,
+           count(*) FILTER (WHERE d.state = 'succeeded')::integer AS delivered,
+           count(*) FILTER (WHERE d.state = 'dead')::integer AS dead,
+           count(*) FILTER (WHERE d.state NOT IN ('succeeded', 'dead'))::integer AS unfinished,
+           count(*) FILTER (WHERE d.attempt_count > 1)::integer AS needed_retries
+    FROM webhook_delivery AS d
+    WHERE d.destination_id = ANY (%(destination_ids)s)
+    GROUP BY d.destination_id
+),
+attempts AS (
+    SELECT a.destination_id,
+           count(*)::integer AS attempts,
+           count(*) FILTER (WHERE a.outcome IN ('retryable', 'ambiguous'))::integer AS retried,
+           count(*) FILTER (WHERE a.outcome = 'rate_limited')::integer AS rate_limited,
+           count(*) FILTER (WHERE a.outcome = 'ambiguous')::integer AS ambiguous,
+           count(*) FILTER (WHERE a.attempt_no = 1)::integer AS first_attempts,
+           extract(epoch FROM max(a.started_at) FILTER (WHERE a.attempt_no = 1)
+                              - min(a.started_at) FILTER (WHERE a.attempt_no = 1))::double precision
+               AS first_attempts_span_seconds
+    FROM delivery_attempt AS a
+    WHERE a.destination_id = ANY (%(destination_ids)s)
+    GROUP BY a.destination_id
+),
+per_second AS (
+    SELECT a.destination_id, count(*)::integer AS starts
+    FROM delivery_attempt AS a
+    WHERE a.destination_id = ANY (%(destination_ids)s)
+    GROUP BY a.destination_id, date_trunc('second', a.started_at)
+),
+peaks AS (
+    SELECT destination_id, max(starts)::integer AS peak_starts_per_second
+    FROM per_second
+    GROUP BY destination_id
+)
+SELECT w.destination_id, w.rate_per_second, w.burst,
+       coalesce(d.deliveries, 0) AS deliveries,
+       coalesce(d.delivered, 0) AS delivered,
+       coalesce(d.dead, 0) AS dead,
+       coalesce(d.unfinished, 0) AS unfinished,
+       coalesce(d.needed_retries, 0) AS needed_retries,
+       coalesce(a.attempts, 0) AS attempts,
+       coalesce(a.retried, 0) AS retried,
+       coalesce(a.rate_limited, 0) AS rate_limited,
+       coalesce(a.ambiguous, 0) AS ambiguous,
+       CASE WHEN a.first_attempts_span_seconds > 0
+            THEN (a.first_attempts - 1) / a.first_attempts_span_seconds END AS achieved_rate,
+       coalesce(p.peak_starts_per_second, 0) AS peak_starts_per_second
+FROM webhook_destination AS w
+LEFT JOIN deliveries AS d ON d.destination_id = w.destination_id
+LEFT JOIN attempts AS a ON a.destination_id = w.destination_id
+LEFT JOIN peaks AS p ON p.destination_id = w.destination_id
+WHERE w.destination_id = ANY (%(destination_ids)s)
+ORDER BY w.rate_per_second DESC, w.destination_id;
+
+-- name: demo_request_starts
+-- description: request starts per destination per whole second since the demo's first start:
+--   the chart's series.
+WITH origin AS (
+    SELECT min(a.started_at) AS t0
+    FROM delivery_attempt AS a
+    WHERE a.destination_id = ANY (%(destination_ids)s)
+)
+SELECT a.destination_id,
+       floor(extract(epoch FROM a.started_at - origin.t0))::integer AS second,
+       count(*)::integer AS starts
+FROM delivery_attempt AS a CROSS JOIN origin
+WHERE a.destination_id = ANY (%(destination_ids)s)
+GROUP BY a.destination_id, 2
+ORDER BY a.destination_id, 2;

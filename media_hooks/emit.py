@@ -1,0 +1,314 @@
+"""Emit: the producer's API for recording deliveries, one at a time or in bulk.
+
+The point of an outbox is that a producer records a delivery in the same transaction as the
+business change that caused it. So these functions take the producer's psycopg connection and
+never commit or roll back the producer's transaction: on a connection that is not in autocommit
+mode the rows commit or vanish with the producer's work (``emit_many`` uses a savepoint inside
+it); on an autocommit connection ``emit`` is one statement and ``emit_many`` one transaction of
+its own, so each is still all or nothing.
+A UserError (bad event, unknown destination) leaves nothing written and the producer's
+transaction usable: ``emit`` checks before it writes, ``emit_many`` works in a savepoint.
+
+The request body (CONTRACT.md, "The HTTP request a receiver gets") is serialized here, once,
+and stored with the delivery: every attempt sends the same bytes. Its ``timestamp`` is the
+delivery's ``created_at``, taken once in Python and stored as is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, NamedTuple
+
+import psycopg
+from psycopg.rows import dict_row
+
+from media_hooks.errors import UserError
+from media_hooks.identifiers import validate_identifier
+from media_hooks.sqlfiles import query
+
+MAX_PAYLOAD_BYTES = 1024 * 1024
+DERIVED_ID_PREFIX = "evt_"
+EVENT_FIELDS = ("destination_id", "asset_id", "event_type", "payload", "delivery_id")
+_REQUIRED_FIELDS = EVENT_FIELDS[:4]
+
+# Canonical JSON: compact, keys sorted (equal payloads give equal bytes whatever the key order
+# they were built in), UTF-8 as is, and no NaN or Infinity, which JSON does not have.
+_CANONICAL = json.JSONEncoder(
+    separators=(",", ":"), ensure_ascii=False, sort_keys=True, allow_nan=False
+)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One business event for one destination; ``delivery_id`` None means derive it."""
+
+    destination_id: str
+    asset_id: str
+    event_type: str
+    payload: dict[str, Any]
+    delivery_id: str | None = None
+
+
+@dataclass(frozen=True)
+class EmitResult:
+    delivery_id: str
+    inserted: bool  # False: this delivery_id was already recorded, nothing was written
+
+
+@dataclass(frozen=True)
+class EmitCounts:
+    inserted: int
+    already_present: int  # distinct delivery_ids that were already recorded
+
+
+# The staging table's columns, in COPY order (sql/queries/emit.sql, emit_staging_create).
+_STAGING_TYPES = ("int8", "text", "text", "text", "text", "text", "bytea")
+
+
+class _Row(NamedTuple):
+    """A validated event, as stored."""
+
+    delivery_id: str
+    destination_id: str
+    asset_id: str
+    event_type: str
+    payload: str
+    body: bytes
+
+
+def rfc3339(moment: datetime) -> str:
+    """UTC, microseconds (what PostgreSQL stores, so the body matches the row exactly), ``Z``."""
+    if moment.tzinfo is None:
+        raise ValueError("a delivery's creation time must be timezone-aware")
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _payload_json(payload: object) -> str:
+    if not isinstance(payload, dict):
+        raise UserError(f"payload must be a JSON object, got {_json_type(payload)}")
+    try:
+        text = _CANONICAL.encode(payload)
+    except ValueError:
+        raise UserError("payload contains NaN or Infinity, which JSON cannot represent") from None
+    except TypeError as exc:
+        raise UserError(f"payload is not JSON: {exc}") from None
+    # PostgreSQL's jsonb cannot hold the NUL character; the substring test is the cheap filter.
+    if "\\u0000" in text and _contains_nul(payload):
+        raise UserError("payload contains a NUL character (\\u0000), which PostgreSQL refuses")
+    return text
+
+
+def _contains_nul(value: object) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_contains_nul(k) or _contains_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_contains_nul(v) for v in value)
+    return False
+
+
+def _json_type(value: object) -> str:
+    names = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return "a number"
+    return names.get(type(value), type(value).__name__)
+
+
+def _body(event_type: str, timestamp: str, asset_id: str, payload_json: str) -> bytes:
+    # Built from canonical pieces so the top-level keys keep the contract's order.
+    return (
+        f'{{"type":{_CANONICAL.encode(event_type)},"timestamp":"{timestamp}",'
+        f'"asset_id":{_CANONICAL.encode(asset_id)},"data":{payload_json}}}'
+    ).encode()
+
+
+def request_body(event_type: str, created_at: datetime, asset_id: str, payload: dict) -> bytes:
+    """The exact bytes a receiver gets: ``{"type","timestamp","asset_id","data"}``, compact
+    UTF-8 JSON, ``timestamp`` the creation time in RFC 3339 UTC, payload keys sorted."""
+    return _body(event_type, rfc3339(created_at), asset_id, _payload_json(payload))
+
+
+def _derived_id(destination_id: str, event_type: str, asset_id: str, payload_json: str) -> str:
+    canonical = (
+        f"[{_CANONICAL.encode(destination_id)},{_CANONICAL.encode(event_type)},"
+        f"{_CANONICAL.encode(asset_id)},{payload_json}]"
+    )
+    digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    return DERIVED_ID_PREFIX + digest[:32]
+
+
+def derive_delivery_id(destination_id: str, event_type: str, asset_id: str, payload: dict) -> str:
+    """The delivery_id of an event that was given none: the same event gives the same id, so a
+    producer that emits an event twice (a retry, a replayed batch) records it once. A payload
+    revision is a different event and gets a different id (DESIGN.md, invariant 2)."""
+    return _derived_id(destination_id, event_type, asset_id, _payload_json(payload))
+
+
+def _text_field(value: object, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise UserError(f"{what} must be a non-empty string")
+    if "\x00" in value:
+        raise UserError(f"{what} contains a NUL character")
+    return value
+
+
+def _prepare(event: Event, timestamp: str, max_payload_bytes: int) -> _Row:
+    """Validate one event and serialize it, or raise UserError naming the problem."""
+    destination_id = validate_identifier(event.destination_id, "destination_id")
+    asset_id = _text_field(event.asset_id, "asset_id")
+    event_type = _text_field(event.event_type, "event_type")
+    payload_json = _payload_json(event.payload)
+    try:
+        payload_size = len(payload_json.encode("utf-8"))
+        body = _body(event_type, timestamp, asset_id, payload_json)
+    except UnicodeEncodeError:
+        raise UserError("the event contains text that is not valid Unicode") from None
+    if payload_size > max_payload_bytes:
+        raise UserError(
+            f"payload is {payload_size} bytes serialized; at most {max_payload_bytes} are allowed"
+        )
+    if event.delivery_id is None:
+        delivery_id = _derived_id(destination_id, event_type, asset_id, payload_json)
+    else:
+        delivery_id = validate_identifier(event.delivery_id, "delivery_id")
+    return _Row(delivery_id, destination_id, asset_id, event_type, payload_json, body)
+
+
+def _unknown_destination(destination_id: str) -> UserError:
+    return UserError(
+        f"unknown destination {destination_id!r} (add it with `media-hooks destination add`)"
+    )
+
+
+def emit(
+    conn: psycopg.Connection, event: Event, *, max_payload_bytes: int = MAX_PAYLOAD_BYTES
+) -> EmitResult:
+    """Record one pending delivery in the caller's transaction (see the module's docstring).
+
+    Re-emitting a delivery_id that is already recorded writes nothing: ``inserted`` is False.
+    """
+    created_at = datetime.now(UTC)
+    row = _prepare(event, rfc3339(created_at), max_payload_bytes)
+    with conn.cursor(row_factory=dict_row) as cur:
+        outcome = cur.execute(query("emit_one"), {**row._asdict(), "created_at": created_at})
+        result = outcome.fetchone()
+    if not result["destination_known"]:
+        raise _unknown_destination(row.destination_id)
+    return EmitResult(delivery_id=row.delivery_id, inserted=result["inserted"])
+
+
+def _emit_numbered(
+    conn: psycopg.Connection,
+    numbered: Iterable[tuple[int, Event]],
+    unit: str,
+    max_payload_bytes: int,
+) -> EmitCounts:
+    """Stage every event through COPY, check them all, then record them in one statement.
+
+    The work runs in a savepoint of the caller's transaction (in a transaction of its own on an
+    autocommit connection): an error undoes it and leaves the caller's transaction usable.
+    """
+    created_at = datetime.now(UTC)
+    timestamp = rfc3339(created_at)
+    with conn.cursor(row_factory=dict_row) as cur:
+        # Outside autocommit this opens the caller's transaction if it had not begun, so the
+        # block below is a savepoint in it, not a transaction psycopg would commit on its own.
+        cur.execute(query("emit_staging_create"))
+        with conn.transaction():
+            cur.execute(query("emit_staging_clear"))
+            with cur.copy(query("emit_staging_copy")) as copy:
+                copy.set_types(_STAGING_TYPES)
+                for number, event in numbered:
+                    row = _prepare_numbered(event, number, unit, timestamp, max_payload_bytes)
+                    copy.write_row((number, *row))
+            unknown = cur.execute(query("emit_staging_unknown_destination")).fetchone()
+            if unknown is not None:
+                error = _unknown_destination(unknown["destination_id"])
+                raise UserError(f"{unit} {unknown['ordinal']}: {error}")
+            params = {"created_at": created_at}
+            counts = cur.execute(query("emit_staging_insert"), params).fetchone()
+            cur.execute(query("emit_staging_clear"))
+    return EmitCounts(inserted=counts["inserted"], already_present=counts["already_present"])
+
+
+def _prepare_numbered(
+    event: Event, number: int, unit: str, timestamp: str, max_payload_bytes: int
+) -> _Row:
+    try:
+        return _prepare(event, timestamp, max_payload_bytes)
+    except UserError as exc:
+        raise UserError(f"{unit} {number}: {exc}") from None
+
+
+def emit_many(
+    conn: psycopg.Connection,
+    events: Iterable[Event],
+    *,
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES,
+) -> EmitCounts:
+    """Record many deliveries, all or nothing, in the caller's transaction.
+
+    ``events`` is streamed (COPY into a temporary staging table), then one INSERT records the
+    new ones. A delivery_id that appears twice counts once; one already recorded is counted in
+    ``already_present``. A bad event raises UserError naming its position (1-based).
+    """
+    return _emit_numbered(conn, enumerate(events, start=1), "event", max_payload_bytes)
+
+
+def _line_text(line: str | bytes, number: int) -> str:
+    if isinstance(line, str):
+        return line
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"line {number}: not UTF-8 text") from None
+
+
+def _event_from_object(value: object) -> Event:
+    if not isinstance(value, dict):
+        raise UserError(f"expected a JSON object, got {_json_type(value)}")
+    unknown = sorted(set(value) - set(EVENT_FIELDS))
+    if unknown:
+        raise UserError(f"unknown field {unknown[0]!r} (fields: {', '.join(EVENT_FIELDS)})")
+    missing = [name for name in _REQUIRED_FIELDS if name not in value]
+    if missing:
+        raise UserError(f"missing field {missing[0]!r}")
+    return Event(**value)
+
+
+def parse_jsonl(lines: Iterable[str | bytes]) -> Iterator[tuple[int, Event]]:
+    """(line number, event) for each non-blank line of a JSON-lines file, streamed."""
+    for number, raw in enumerate(lines, start=1):
+        text = _line_text(raw, number)
+        if not text.strip():
+            continue
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UserError(
+                f"line {number}: not valid JSON ({exc.msg}, column {exc.colno})"
+            ) from None
+        try:
+            event = _event_from_object(value)
+        except UserError as exc:
+            raise UserError(f"line {number}: {exc}") from None
+        yield number, event
+
+
+def emit_jsonl(
+    conn: psycopg.Connection,
+    lines: Iterable[str | bytes],
+    *,
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES,
+) -> EmitCounts:
+    """``emit_many`` over a JSON-lines file (``media-hooks emit --file``); errors name the line.
+
+    Each line is an object with destination_id, asset_id, event_type, payload and optionally
+    delivery_id. Pass a file opened in binary mode to have decoding errors name their line.
+    """
+    return _emit_numbered(conn, parse_jsonl(lines), "line", max_payload_bytes)

@@ -1,0 +1,82 @@
+-- Destinations (media_hooks.destinations): where deliveries go, with their limits and retry
+-- policy. None of these statements moves a delivery; enabling and disabling only decide whether
+-- a destination's pending deliveries may go out.
+
+-- name: destination_create_with_defaults
+-- description: a new destination with the schema's default limits; nothing if it exists.
+INSERT INTO webhook_destination (destination_id, url)
+VALUES (%(destination_id)s, %(url)s)
+ON CONFLICT (destination_id) DO NOTHING
+RETURNING destination_id;
+
+-- name: destination_update_given
+-- description: sets the URL and every option given (non-null); the others keep their values.
+-- Secrets given replace the whole list (a rotation passes old and new together).
+UPDATE webhook_destination
+SET url                  = %(url)s,
+    secrets              = COALESCE(%(secrets)s::text[], secrets),
+    rate_per_second      = COALESCE(%(rate_per_second)s::double precision, rate_per_second),
+    burst                = COALESCE(%(burst)s::integer, burst),
+    max_in_flight        = COALESCE(%(max_in_flight)s::integer, max_in_flight),
+    timeout_seconds      = COALESCE(%(timeout_seconds)s::double precision, timeout_seconds),
+    max_attempts         = COALESCE(%(max_attempts)s::integer, max_attempts),
+    backoff_base_seconds = COALESCE(%(backoff_base_seconds)s::double precision, backoff_base_seconds),
+    backoff_cap_seconds  = COALESCE(%(backoff_cap_seconds)s::double precision, backoff_cap_seconds),
+    updated_at           = now()
+WHERE destination_id = %(destination_id)s
+RETURNING *;
+
+-- name: destination_get
+-- description: one destination with its secrets, for the sender.
+SELECT *
+FROM webhook_destination
+WHERE destination_id = %(destination_id)s;
+
+-- name: destination_list
+-- description: every destination with its limits and state, and how many secrets it has
+-- (never the secrets themselves).
+SELECT destination_id,
+       url,
+       cardinality(secrets) AS secret_count,
+       rate_per_second,
+       burst,
+       max_in_flight,
+       timeout_seconds,
+       max_attempts,
+       backoff_base_seconds,
+       backoff_cap_seconds,
+       max_age_seconds,
+       enabled,
+       disabled_reason,
+       disabled_at,
+       paused_until,
+       paused_reason,
+       CASE
+           WHEN NOT enabled THEN 'disabled'
+           WHEN paused_until > now() THEN 'paused'
+           ELSE 'enabled'
+       END AS state
+FROM webhook_destination
+ORDER BY destination_id;
+
+-- name: destination_enable
+-- description: turns a destination on and forgets why it was off.
+-- invariant 3: its pending deliveries were kept while it was off and are due again now.
+UPDATE webhook_destination
+SET enabled = true,
+    disabled_reason = NULL,
+    disabled_at = NULL,
+    updated_at = now()
+WHERE destination_id = %(destination_id)s
+RETURNING destination_id;
+
+-- name: destination_disable
+-- description: turns a destination off with the operator's reason (the first disable time is kept).
+-- invariant 3: its deliveries stay pending and discoverable while it is off; nothing is dropped.
+UPDATE webhook_destination
+SET enabled = false,
+    disabled_reason = %(reason)s,
+    disabled_at = CASE WHEN enabled THEN now() ELSE disabled_at END,
+    updated_at = now()
+WHERE destination_id = %(destination_id)s
+RETURNING destination_id;

@@ -1,0 +1,148 @@
+"""What Dagster adds to a delivery run: the job next to the engine alone, in one script.
+
+    .venv/bin/python bench/dagster_overhead.py [--rows 10000] [--destinations 10]
+
+1. Wall time of a one-delivery ``deliver_webhooks`` run in process (cold: the first run of the
+   process, which starts the executor's forkserver; warm: the next one).
+2. Deliveries/s of a ``--rows`` run through the job (multiprocess executor, one mapped step
+   per destination batch) and through the engine alone (``delivery_run.deliver_due``: the same
+   sweeps, claim and batches in threads of one process), each on fresh rows, against the same
+   fast receiver. Target: the job keeps at least 0.8x the engine's rate.
+
+Runs on a scratch database of the configured server (or the embedded default); Dagster's
+storage is a second scratch database. Writes bench/results/dagster_overhead.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import tempfile
+import time
+
+import psycopg
+from fast_receiver import fast_receiver
+from scratch import scratch_database, write_results
+
+SEED_DESTINATIONS = """
+INSERT INTO webhook_destination (destination_id, url, rate_per_second, burst, max_in_flight)
+SELECT 'dest-' || n, %(url)s || 'dest-' || n, 1e6, 10000, %(in_flight)s
+FROM generate_series(1, %(destinations)s) AS n
+"""
+SEED_DELIVERIES = """
+INSERT INTO webhook_delivery (delivery_id, destination_id, asset_id, event_type, payload, body)
+SELECT %(prefix)s || g, 'dest-' || (1 + g %% %(destinations)s), 'asset-' || g,
+       'transcode.completed', jsonb_build_object('n', g),
+       convert_to(json_build_object('type', 'transcode.completed', 'asset_id', 'asset-' || g,
+                  'data', json_build_object('n', g))::text, 'UTF8')
+FROM generate_series(1, %(rows)s) AS g
+"""
+
+
+def seed(url: str, prefix: str, rows: int, destinations: int) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            SEED_DELIVERIES, {"prefix": prefix, "rows": rows, "destinations": destinations}
+        )
+        conn.execute("VACUUM ANALYZE")
+
+
+def timed_job_run(instance, config: dict, max_concurrent: int) -> tuple[float, object]:
+    from media_hooks.orchestration.jobs import DELIVERY_EXECUTION
+    from media_hooks.orchestration.running import execute_delivery
+
+    execution = {"config": {**DELIVERY_EXECUTION["config"], "max_concurrent": max_concurrent}}
+    start = time.perf_counter()
+    run = execute_delivery(instance, config, execution=execution)
+    seconds = time.perf_counter() - start
+    if not run.success:
+        raise SystemExit(f"delivery run {run.run_id} failed")
+    return seconds, run
+
+
+def engine_rate(url: str, rows: int, destinations: int) -> float:
+    from media_hooks import db
+    from media_hooks.config import Settings
+    from media_hooks.delivery_run import deliver_due
+
+    settings = dataclasses.replace(Settings.from_env(), allow_private_urls=True)
+    with db.open_pool(url, max_size=destinations + 4) as pool:
+        start = time.perf_counter()
+        report = deliver_due(pool, "bench-engine", settings, page_size=1000, batch_size=1000)
+        seconds = time.perf_counter() - start
+    assert report.totals.succeeded == rows, report.totals
+    return rows / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=10_000)
+    parser.add_argument("--destinations", type=int, default=10)
+    parser.add_argument("--in-flight", type=int, default=4)
+    parser.add_argument(
+        "--max-concurrent", type=int, default=None, help="steps at once (default: the job's)"
+    )
+    args = parser.parse_args()
+    from media_hooks.orchestration.jobs import MAX_CONCURRENT_STEPS
+
+    steps = args.max_concurrent or MAX_CONCURRENT_STEPS
+    home = tempfile.mkdtemp(prefix="mh_dagster_bench_")
+    with (
+        fast_receiver() as receiver_url,
+        scratch_database() as url,
+        scratch_database("mh_bench_dagster") as storage,
+    ):
+        from media_hooks.orchestration import instance as instance_module
+
+        # Before the first run: the executor's forkserver keeps the environment it starts with.
+        os.environ.update(
+            MEDIA_HOOKS_DATABASE_URL=url,
+            MEDIA_HOOKS_ALLOW_PRIVATE_URLS="1",
+            MEDIA_HOOKS_DAGSTER_STORAGE_URL=instance_module.as_url(storage),
+        )
+        shutil.copyfile(instance_module.INSTANCE_TEMPLATE, os.path.join(home, "dagster.yaml"))
+        from dagster import DagsterInstance
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                SEED_DESTINATIONS,
+                {
+                    "url": receiver_url,
+                    "in_flight": args.in_flight,
+                    "destinations": args.destinations,
+                },
+            )
+        with DagsterInstance.from_config(home) as instance:
+            seed(url, "one-cold-", 1, 1)
+            cold, _ = timed_job_run(instance, {}, steps)
+            seed(url, "one-warm-", 1, 1)
+            warm, _ = timed_job_run(instance, {}, steps)
+
+            seed(url, "job-", args.rows, args.destinations)
+            job_seconds, run = timed_job_run(instance, {"page_size": 1000}, steps)
+            assert run.summary.totals["succeeded"] == args.rows, run.summary.totals
+            job = args.rows / job_seconds
+
+            seed(url, "engine-", args.rows, args.destinations)
+            engine = engine_rate(url, args.rows, args.destinations)
+    shutil.rmtree(home, ignore_errors=True)
+    figures = {
+        "one_delivery_run_seconds_cold": round(cold, 2),
+        "one_delivery_run_seconds_warm": round(warm, 2),
+        "rows": args.rows,
+        "destinations": args.destinations,
+        "mapped_steps": len(run.summary.per_destination),
+        "max_concurrent_steps": steps,
+        "job_run_seconds": round(job_seconds, 2),
+        "job_deliveries_per_s": round(job),
+        "engine_deliveries_per_s": round(engine),
+        "job_to_engine_ratio": round(job / engine, 3),
+    }
+    print(figures)
+    print(f"written to {write_results('dagster_overhead', figures)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""``media-hooks dev``: the Dagster UI and daemon on this project, on the embedded default."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import requests
+
+from media_hooks import db
+from media_hooks.config import Settings
+from media_hooks.errors import RuntimeFailure, UserError
+
+STARTUP_SECONDS = 180.0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    dev = commands.add_parser(
+        "dev", help="the Dagster UI and daemon (schedules, sensors) on this project"
+    )
+    dev.add_argument("--host", default="127.0.0.1", help="address the UI listens on")
+    dev.add_argument("--port", type=int, default=3000, help="port the UI listens on")
+    dev.set_defaults(handler=run_dev)
+
+
+def dagster_environment(settings: Settings) -> dict[str, str]:
+    """This process's environment plus a ready database and a Dagster home using it."""
+    from media_hooks.orchestration.instance import prepare_home
+
+    url = db.ready_url(settings)
+    return {**os.environ, **prepare_home(settings), "MEDIA_HOOKS_DATABASE_URL": url}
+
+
+def start_dagster_dev(env: dict[str, str], host: str, port: int) -> subprocess.Popen:
+    """``dagster dev`` (webserver + daemon) in a process group of its own."""
+    from media_hooks.orchestration.instance import REPO, WORKSPACE
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "dagster", "dev", "-w", str(WORKSPACE), "-h", host, "-p", str(port)],
+        env=env,
+        cwd=REPO,
+        # Its own group: a background `dagster dev` ignores SIGINT, so it is stopped as a group.
+        start_new_session=True,
+    )
+
+
+def stop_group(process: subprocess.Popen, timeout: float = 20.0) -> None:
+    """Stop a process started by ``start_dagster_dev`` and everything it started.
+
+    SIGINT is what ``dagster dev`` shuts down cleanly on; SIGKILL is the last word.
+    """
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=timeout)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def wait_until_serving(url: str, process: subprocess.Popen, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return False
+        try:
+            if requests.get(f"{url}/server_info", timeout=2).ok:
+                return True
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)  # polling a server that is starting: there is no event to wait on
+    return False
+
+
+def _check_port_free(host: str, port: int) -> None:
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            raise UserError(f"{host}:{port} is already in use: choose another --port") from None
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def run_dev(args: argparse.Namespace) -> int:
+    if not 0 < args.port < 65536:
+        raise UserError(f"--port must be between 1 and 65535, got {args.port}")
+    # SIGTERM (and SIGINT, which a shell's background job ignores) both stop Dagster cleanly.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    _check_port_free(args.host, args.port)
+    env = dagster_environment(Settings.from_env())
+    url = f"http://{args.host}:{args.port}"
+    print(
+        f"starting the Dagster UI and daemon (DAGSTER_HOME={env['DAGSTER_HOME']}) ...", flush=True
+    )
+    process = start_dagster_dev(env, args.host, args.port)
+    try:
+        if not wait_until_serving(url, process, STARTUP_SECONDS):
+            raise RuntimeFailure(f"dagster dev did not start serving {url}; see its output above")
+        print(f"Dagster UI: {url}  (jobs, schedules, sensors; Ctrl-C stops it)", flush=True)
+        process.wait()
+    except KeyboardInterrupt:
+        print("stopping Dagster ...", file=sys.stderr)
+    finally:
+        stop_group(process)
+    return 0

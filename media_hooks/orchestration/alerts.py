@@ -1,0 +1,132 @@
+"""Alerts: thresholds on the figures, one message per incident, one when it clears.
+
+The decision is a pure function of the figures and the previous state (kept in the sensor's
+JSON cursor), so it is tested without a clock or a network; ``post`` is the only side effect.
+Thresholds come from the environment, so an operator tunes them without a deploy.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import requests
+
+from media_hooks.errors import UserError
+from media_hooks.figures import Figures
+
+log = logging.getLogger("media_hooks.alerts")
+
+
+def _env_number(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise UserError(f"{name} must be a number, got {raw!r}") from None
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    oldest_due_seconds: float = 900.0
+    relay_lag_seconds: float = 900.0
+    expired_leases: int = 1
+
+    @classmethod
+    def from_env(cls) -> Thresholds:
+        return cls(
+            oldest_due_seconds=_env_number("MEDIA_HOOKS_ALERT_OLDEST_DUE_SECONDS", 900.0),
+            relay_lag_seconds=_env_number("MEDIA_HOOKS_ALERT_RELAY_LAG_SECONDS", 900.0),
+            expired_leases=int(_env_number("MEDIA_HOOKS_ALERT_EXPIRED_LEASES", 1)),
+        )
+
+    def breaches(self, f: Figures) -> list[str]:
+        """The figures over their thresholds, each as words an operator reads."""
+        found = []
+        if (f.oldest_due_age_seconds or 0) >= self.oldest_due_seconds:
+            found.append(
+                f"oldest due delivery is {f.oldest_due_age_seconds:.0f}s late "
+                f"(threshold {self.oldest_due_seconds:.0f}s)"
+            )
+        if (f.relay_lag_seconds or 0) >= self.relay_lag_seconds:
+            found.append(
+                f"relay lag {f.relay_lag_seconds:.0f}s (threshold {self.relay_lag_seconds:.0f}s)"
+            )
+        if f.expired_leases >= self.expired_leases:
+            found.append(f"{f.expired_leases} expired lease(s) (threshold {self.expired_leases})")
+        return found
+
+
+@dataclass(frozen=True)
+class AlertState:
+    """What the cursor remembers between ticks."""
+
+    in_incident: bool = False
+    newest_dead_at: str | None = None
+
+    def dumps(self) -> str:
+        return json.dumps({"in_incident": self.in_incident, "newest_dead_at": self.newest_dead_at})
+
+    @classmethod
+    def loads(cls, cursor: str | None) -> AlertState:
+        if not cursor:
+            return cls()
+        try:
+            raw = json.loads(cursor)
+            return cls(bool(raw.get("in_incident")), raw.get("newest_dead_at"))
+        except (ValueError, AttributeError):
+            return cls()  # a cursor from an older version: start afresh
+
+
+@dataclass(frozen=True)
+class AlertDecision:
+    state: AlertState
+    messages: list[str] = field(default_factory=list)
+
+
+def _later(newest: str | None, seen: str | None) -> bool:
+    if newest is None or seen is None:
+        return False
+    return datetime.fromisoformat(newest) > datetime.fromisoformat(seen)
+
+
+def decide(f: Figures, previous: AlertState, thresholds: Thresholds) -> AlertDecision:
+    """Alert on entering an incident, say so once when it clears, and note new dead letters."""
+    breaches = thresholds.breaches(f)
+    messages = []
+    if breaches and not previous.in_incident:
+        messages.append("media_hooks: delivery incident: " + "; ".join(breaches))
+    elif not breaches and previous.in_incident:
+        messages.append("media_hooks: recovered: " + f.headline())
+    newest_dead = f.newest_dead_at.isoformat() if f.newest_dead_at else None
+    if _later(newest_dead, previous.newest_dead_at):
+        messages.append(
+            f"media_hooks: new dead letter(s); {f.dead_letters} in all. "
+            "See `media-hooks status` and requeue with `media-hooks requeue`."
+        )
+    state = AlertState(
+        in_incident=bool(breaches), newest_dead_at=newest_dead or previous.newest_dead_at
+    )
+    return AlertDecision(state=state, messages=messages)
+
+
+def alert_url() -> str | None:
+    return os.environ.get("MEDIA_HOOKS_ALERT_URL") or None
+
+
+def post(url: str, text: str, *, timeout: float = 5.0) -> bool:
+    """POST ``{"text": ...}`` (Slack-compatible); False when the receiver did not take it."""
+    try:
+        response = requests.post(url, json={"text": text}, timeout=timeout)
+    except requests.RequestException as exc:
+        log.warning("alert POST failed: %s", type(exc).__name__)
+        return False
+    if response.status_code >= 300:
+        log.warning("alert POST answered %s", response.status_code)
+        return False
+    return True

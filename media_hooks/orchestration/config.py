@@ -1,0 +1,104 @@
+"""Run config for the jobs: what the Launchpad shows as a form, with defaults and help."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from dagster import Config
+from pydantic import Field
+
+from media_hooks.cohort import Cohort
+from media_hooks.errors import UserError
+
+
+class CohortConfig(Config):
+    """Which deliveries: empty filters match everything; different filters combine with AND."""
+
+    destination_ids: list[str] = Field(default=[], description="Only these destinations.")
+    event_types: list[str] = Field(default=[], description="Only these event types.")
+    asset_ids: list[str] = Field(default=[], description="Only these assets.")
+    created_after: str | None = Field(
+        default=None, description="Only deliveries recorded at or after this ISO 8601 time."
+    )
+    created_before: str | None = Field(
+        default=None, description="Only deliveries recorded before this ISO 8601 time."
+    )
+
+    def cohort(self) -> Cohort:
+        return Cohort(
+            destination_ids=tuple(self.destination_ids),
+            event_types=tuple(self.event_types),
+            asset_ids=tuple(self.asset_ids),
+            created_after=_instant("created_after", self.created_after),
+            created_before=_instant("created_before", self.created_before),
+        )
+
+
+def _instant(name: str, value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise UserError(f"{name} must be an ISO 8601 time, got {value!r}") from None
+    if parsed.tzinfo is None:
+        raise UserError(f"{name} needs a UTC offset (e.g. {value}+00:00)")
+    return parsed
+
+
+class DeliverConfig(CohortConfig):
+    """One delivery run: sweep, optionally requeue dead letters, claim due pages, deliver."""
+
+    include_dead: bool = Field(
+        default=False,
+        description="First requeue the cohort's dead letters (fresh retry budget, audited).",
+    )
+    requeue_reason: str = Field(
+        default="",
+        description="Why the dead letters are requeued (required with include_dead).",
+    )
+    page_size: int | None = Field(
+        default=None,
+        description="Rows claimed per transaction; empty uses the deployment default (250).",
+    )
+    max_rows: int | None = Field(
+        default=None,
+        description="Most rows this run claims; empty uses the deployment default (no cap).",
+    )
+    batch_size: int | None = Field(
+        default=None,
+        description="Most rows per mapped delivery step; empty uses the deployment default "
+        "(1000). A large destination is split into several steps.",
+    )
+
+    def check(self) -> None:
+        if self.include_dead and not self.requeue_reason.strip():
+            raise UserError("include_dead needs a requeue_reason: it is kept in the audit trail")
+        for name in ("page_size", "max_rows", "batch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UserError(f"{name} must be at least 1, got {value}")
+
+
+class RequeueConfig(CohortConfig):
+    """Make a cohort due now: same delivery_id, fresh retry budget, audited."""
+
+    states: list[str] = Field(default=["dead"], description="Which states to requeue.")
+    reason: str = Field(description="Why: kept in the audit trail (delivery_requeue).")
+    requested_by: str = Field(default="dagster", description="Who asked, for the audit trail.")
+    dry_run: bool = Field(default=True, description="Count and sample only; move nothing.")
+
+
+class RetentionConfig(Config):
+    """Purge terminal deliveries past the retention window; keep their ids as tombstones."""
+
+    retain_days: float = Field(
+        default=30, description="Keep succeeded and dead deliveries this many days."
+    )
+    tombstone_days: float = Field(
+        default=400,
+        description="Recognise a purged delivery_id this many days after its event "
+        "(the duplicate window).",
+    )
+    batch_size: int = Field(default=1000, description="Deliveries deleted per transaction.")
+    max_batches: int = Field(default=1000, description="Most batches one run deletes.")

@@ -1,0 +1,86 @@
+"""The Dagster instance media_hooks runs on: PostgreSQL storage beside the deliveries.
+
+With ``DAGSTER_HOME`` set, the operator owns the instance and it is used as it is. Otherwise
+``$MEDIA_HOOKS_HOME/dagster`` gets the repository's ``dagster.yaml``, and its storage is
+``MEDIA_HOOKS_DAGSTER_STORAGE_URL`` or, by default, a database of its own on the deliveries'
+server (``dagster`` on the embedded one, ``<name>_dagster`` beside a configured one), so runs
+from ``media-hooks run`` and ``media-hooks dev`` share one history.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from urllib.parse import quote, urlencode
+
+from dagster import DagsterInstance
+from psycopg import conninfo
+
+from media_hooks import embedded
+from media_hooks.config import Settings
+from media_hooks.db import redact
+from media_hooks.errors import RuntimeFailure
+
+REPO = Path(__file__).resolve().parent.parent.parent
+INSTANCE_TEMPLATE = REPO / "dagster.yaml"
+WORKSPACE = REPO / "workspace.yaml"
+STORAGE_VARIABLE = "MEDIA_HOOKS_DAGSTER_STORAGE_URL"
+
+
+def as_url(libpq: str) -> str:
+    """A libpq connection string (URL or key=value) as the URL SQLAlchemy (Dagster) parses."""
+    params = conninfo.conninfo_to_dict(libpq)
+    user = quote(params.pop("user", "") or "", safe="")
+    password = params.pop("password", None)
+    userinfo = f"{user}:{quote(password, safe='')}@" if password else (f"{user}@" if user else "")
+    host = params.pop("host", "") or ""
+    if host.startswith("/"):
+        # A Unix socket folder (the embedded server) goes in the query, not the authority.
+        params["host"] = host
+        host = ""
+    port = params.pop("port", None)
+    authority = f"{host}:{port}" if host and port else host
+    if port and not host:
+        params["port"] = port
+    dbname = quote(params.pop("dbname", "") or "", safe="")
+    query = f"?{urlencode(params)}" if params else ""
+    return f"postgresql://{userinfo}{authority}/{dbname}{query}"
+
+
+def storage_url(settings: Settings) -> str:
+    """The URL of Dagster's own database (created when it is the default one)."""
+    configured = os.environ.get(STORAGE_VARIABLE)
+    if configured:
+        return as_url(configured)
+    if settings.embedded:
+        return as_url(embedded.embedded_url(settings.home, "dagster"))
+    params = conninfo.conninfo_to_dict(settings.database_url)
+    name = f"{params.get('dbname') or 'postgres'}_dagster"
+    try:
+        embedded.ensure_database(settings.database_url, name)
+    except Exception as exc:
+        raise RuntimeFailure(
+            f"cannot create Dagster's database {name!r} on {redact(settings.database_url)} "
+            f"({type(exc).__name__}); create it or set {STORAGE_VARIABLE}"
+        ) from None
+    return as_url(conninfo.make_conninfo(**{**params, "dbname": name}))
+
+
+def prepare_home(settings: Settings) -> dict[str, str]:
+    """The environment a Dagster process needs: DAGSTER_HOME and the storage URL."""
+    home = os.environ.get("DAGSTER_HOME")
+    if not home:
+        if not INSTANCE_TEMPLATE.exists():
+            raise RuntimeFailure(f"the instance template {INSTANCE_TEMPLATE} is missing")
+        folder = settings.home / "dagster"
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(INSTANCE_TEMPLATE, folder / "dagster.yaml")
+        home = str(folder)
+    return {"DAGSTER_HOME": home, STORAGE_VARIABLE: storage_url(settings)}
+
+
+def open_instance(settings: Settings) -> DagsterInstance:
+    """The persistent instance, with this process's environment pointing at it."""
+    os.environ.update(prepare_home(settings))
+    return DagsterInstance.get()

@@ -1,0 +1,77 @@
+"""What a run shows in the UI: mapping keys, Markdown tables, tags, "where are my rows"."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from media_hooks.cohort import Cohort
+
+TAG_PREFIX = "media_hooks/"
+# Dagster caps tag values in strict mode; a long cohort is summarised, never rejected.
+_TAG_VALUE_MAX = 63
+_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
+
+
+def mapping_key(destination_id: str, batch_no: int) -> str:
+    """A readable, unique ``^[A-Za-z0-9_]+$`` key for one destination batch.
+
+    Destination ids may hold ``-`` and ``:``; replacing them could make two ids collide
+    (``a-b`` / ``a_b``), so a changed id gets a short hash of the original.
+    """
+    safe = _UNSAFE.sub("_", destination_id)
+    if safe != destination_id:
+        safe += "_" + hashlib.sha1(destination_id.encode()).hexdigest()[:6]
+    return f"{safe}__{batch_no}"
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    lines = [
+        "| " + " | ".join(headers) + " |",
+        "|" + "|".join("---" for _ in headers) + "|",
+    ]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def counts_table(per_destination: Mapping[str, Mapping[str, int]], columns: Sequence[str]) -> str:
+    rows = [
+        [destination, *(counts.get(column, 0) for column in columns)]
+        for destination, counts in sorted(per_destination.items())
+    ]
+    return markdown_table(["destination", *columns], rows)
+
+
+def cohort_tags(cohort: Cohort) -> dict[str, str]:
+    """Run tags naming the cohort (``all`` when no filter is set)."""
+    described = cohort.describe() or {"filter": "all"}
+    return {f"{TAG_PREFIX}cohort.{key}": _tag_value(value) for key, value in described.items()}
+
+
+def _tag_value(value: str) -> str:
+    if len(value) <= _TAG_VALUE_MAX:
+        return value
+    return value[: _TAG_VALUE_MAX - 12] + "…+" + hashlib.sha1(value.encode()).hexdigest()[:8]
+
+
+def rows_of_run(run_id: str) -> str:
+    """Markdown telling an operator how to get from this run to its rows."""
+    return "\n".join(
+        [
+            "List this run's rows:",
+            "",
+            "```sql",
+            "SELECT o.message_id, o.delivery_id, o.destination_id, o.published_at, d.state",
+            "FROM dispatch_outbox o JOIN webhook_delivery d USING (delivery_id)",
+            f"WHERE o.run_id = '{run_id}' ORDER BY o.destination_id, o.message_id;",
+            "",
+            "SELECT delivery_id, attempt_no, outcome, http_status, started_at, finished_at",
+            f"FROM delivery_attempt WHERE run_id = '{run_id}' ORDER BY started_at;",
+            "```",
+            "",
+            "One delivery's whole story (every dispatch with its run id, every attempt):",
+            "`media-hooks inspect DELIVERY_ID`",
+        ]
+    )

@@ -1,0 +1,61 @@
+"""Operator jobs' ops: requeue a cohort, and retention."""
+
+from dagster import MetadataValue, OpExecutionContext, Output, op
+
+from media_hooks import requeue, retention
+from media_hooks.orchestration.config import RequeueConfig, RetentionConfig
+from media_hooks.orchestration.metadata import cohort_tags, markdown_table
+from media_hooks.orchestration.resources import PostgresResource
+
+DAY = 86400.0
+
+
+@op(
+    description="Makes a cohort due now (same delivery_id, fresh budget, audited); dry run by default."
+)
+def requeue_deliveries(
+    context: OpExecutionContext, config: RequeueConfig, postgres: PostgresResource
+) -> Output[dict]:
+    cohort = config.cohort()
+    context.instance.add_run_tags(context.run_id, cohort_tags(cohort))
+    with postgres.connection() as conn:
+        result = requeue.requeue(
+            conn,
+            cohort,
+            states=tuple(config.states),
+            reason=config.reason,
+            requested_by=config.requested_by,
+            dry_run=config.dry_run,
+        )
+    verb = "would move" if config.dry_run else "moved"
+    context.log.info(f"{verb} {result.matched} delivery(ies): {result.by_state}")
+    return Output(
+        {"matched": result.matched, "moved": result.moved, "by_state": result.by_state},
+        metadata={
+            "dry_run": config.dry_run,
+            "matched": result.matched,
+            "moved": result.moved,
+            "requeue_id": result.requeue_id if result.requeue_id is not None else "none",
+            "by_state": MetadataValue.md(
+                markdown_table(["state", "deliveries"], sorted(result.by_state.items()))
+            ),
+            "sample": MetadataValue.json(result.sample),
+        },
+    )
+
+
+@op(description="Purges terminal deliveries past the window in bounded batches; keeps tombstones.")
+def purge_terminal_deliveries(
+    context: OpExecutionContext, config: RetentionConfig, postgres: PostgresResource
+) -> Output[dict]:
+    policy = retention.RetentionPolicy(
+        retain_seconds=config.retain_days * DAY,
+        tombstone_seconds=config.tombstone_days * DAY,
+        batch_size=config.batch_size,
+        max_batches=config.max_batches,
+    )
+    with postgres.connection() as conn:
+        figures = retention.run_retention(conn, policy)
+    if figures.truncated:
+        context.log.warning("max_batches reached: the next retention run carries on")
+    return Output(figures.as_dict(), metadata=dict(figures.as_dict()))

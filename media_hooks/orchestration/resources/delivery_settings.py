@@ -1,0 +1,39 @@
+"""DeliverySettingsResource: the engine's Settings plus the job's sizing defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dagster import ConfigurableResource
+from pydantic import Field
+
+from media_hooks.config import Settings
+
+
+class DeliverySettingsResource(ConfigurableResource):
+    """Lease and enqueue timeouts default to the environment (CONTRACT.md, "Configuration")."""
+
+    lease_seconds: float | None = Field(
+        default=None, description="Override MEDIA_HOOKS_LEASE_SECONDS for this deployment."
+    )
+    enqueue_timeout_seconds: float | None = Field(
+        default=None,
+        description="Override MEDIA_HOOKS_ENQUEUE_TIMEOUT_SECONDS for this deployment.",
+    )
+    default_page_size: int = Field(default=250, description="Rows claimed per transaction.")
+    default_batch_size: int = Field(
+        default=1000, description="Most outbox rows one mapped delivery step takes."
+    )
+    default_max_rows: int | None = Field(
+        default=None, description="Most rows one run claims; empty means no cap."
+    )
+
+    def settings(self) -> Settings:
+        settings = Settings.from_env()
+        overrides = {
+            "lease_seconds": self.lease_seconds,
+            "enqueue_timeout_seconds": self.enqueue_timeout_seconds,
+        }
+        return dataclasses.replace(
+            settings, **{k: v for k, v in overrides.items() if v is not None}
+        )

@@ -1,0 +1,145 @@
+"""``deliver_webhooks`` on a real instance, real PostgreSQL and a local receiver."""
+
+from __future__ import annotations
+
+from dagster import DagsterEventType, ReexecutionOptions, execute_job, reconstructable
+
+from media_hooks import crashpoints, sweeps
+from media_hooks.orchestration.definitions import deliver_webhooks_job
+from media_hooks.orchestration.running import delivery_run_config
+from media_hooks_tests.orchestration.conftest import SPAWN, deliver
+from media_hooks_tests.orchestration.seed import add_deliveries, add_destination
+
+SPAWN_NO_RETRIES = {"config": {**SPAWN["config"], "retries": {"disabled": {}}}}
+
+
+def _step_outputs(instance, run_id: str) -> dict[str, dict]:
+    """Output metadata of every step of a run, by step key."""
+    records = instance.get_records_for_run(run_id, of_type=DagsterEventType.STEP_OUTPUT).records
+    return {
+        r.event_log_entry.step_key: {
+            k: v.value for k, v in r.event_log_entry.dagster_event.step_output_data.metadata.items()
+        }
+        for r in records
+    }
+
+
+def test_three_destinations_three_mapped_steps_rows_carry_the_run_id(
+    instance, database_url, conn, receiver
+):
+    destinations = ["alpha", "beta-1", "gamma:x"]
+    for d in destinations:
+        add_destination(conn, d, receiver.url + d)
+        add_deliveries(conn, d, 4)
+
+    run = deliver(instance, database_url)
+
+    assert run.success
+    assert receiver.effects == 12
+    assert run.summary.claimed == 12
+    assert run.summary.totals["succeeded"] == 12
+    assert set(run.summary.per_destination) == set(destinations)
+    outputs = _step_outputs(instance, run.run_id)
+    mapped = sorted(k for k in outputs if k.startswith("deliver_destination_batch["))
+    assert len(mapped) == 3, mapped
+    assert {outputs[k]["destination_id"] for k in mapped} == set(destinations)
+    assert all(outputs[k]["succeeded"] == 4 for k in mapped)
+    assert outputs["claim_due_pages"]["claimed"] == 12
+    assert "gamma:x" in outputs["claim_due_pages"]["per_destination"]
+    assert outputs["summarize_run"]["succeeded"] == 12
+    assert f"run_id = '{run.run_id}'" in outputs["summarize_run"]["rows_of_this_run"]
+    outbox = conn.execute("SELECT DISTINCT run_id FROM dispatch_outbox").fetchall()
+    assert [r["run_id"] for r in outbox] == [run.run_id]
+    attempts = conn.execute("SELECT DISTINCT run_id FROM delivery_attempt").fetchall()
+    assert [r["run_id"] for r in attempts] == [run.run_id]
+    states = conn.execute("SELECT DISTINCT state FROM webhook_delivery").fetchall()
+    assert [r["state"] for r in states] == ["succeeded"]
+    tags = instance.get_run_by_id(run.run_id).tags
+    assert tags["media_hooks/kind"] == "delivery"
+    assert tags["media_hooks/cohort.filter"] == "all"
+
+
+def test_a_cohort_run_takes_only_its_cohort_and_tags_the_run(
+    instance, database_url, conn, receiver
+):
+    for d in ("alpha", "beta"):
+        add_destination(conn, d, receiver.url + d)
+        add_deliveries(conn, d, 3)
+    run = deliver(instance, database_url, {"destination_ids": ["beta"], "max_rows": 2})
+    assert run.success
+    assert run.summary.as_dict()["destinations"] == {
+        "beta": {"claimed": 2, "succeeded": 2, "retried": 0, "dead": 0, "ambiguous": 0}
+    }
+    assert instance.get_run_by_id(run.run_id).tags["media_hooks/cohort.destination_ids"] == "beta"
+    pending = conn.execute(
+        "SELECT destination_id, count(*) AS n FROM webhook_delivery WHERE state = 'pending' "
+        "GROUP BY 1 ORDER BY 1"
+    ).fetchall()
+    assert [(r["destination_id"], r["n"]) for r in pending] == [("alpha", 3), ("beta", 1)]
+
+
+def test_a_rate_limited_destination_does_not_delay_another(instance, database_url, conn, receiver):
+    add_destination(
+        conn, "slow", receiver.url + "slow", rate_per_second=2, burst=1, max_in_flight=1
+    )
+    add_destination(
+        conn, "fast", receiver.url + "fast", rate_per_second=1000, burst=100, max_in_flight=8
+    )
+    add_deliveries(conn, "slow", 10)
+    add_deliveries(conn, "fast", 100)
+
+    run = deliver(instance, database_url)
+
+    assert run.success
+    assert receiver.effects == 110
+    arrivals = {"slow": [], "fast": []}
+    for request in receiver.requests:
+        arrivals[request.path.strip("/")].append(request.arrived_monotonic)
+    slow_span = max(arrivals["slow"]) - min(arrivals["slow"])
+    assert slow_span >= 4.0  # 10 requests at 2/s with a burst of 1
+    # The fast destination's 100 deliveries are all done while the slow one is still sending.
+    assert max(arrivals["fast"]) < max(arrivals["slow"]) - 2.0
+
+
+def test_reexecution_from_failure_sends_no_succeeded_delivery_twice(
+    instance, database_url, conn, receiver, monkeypatch
+):
+    # One send at a time in practice (a permit every 50 ms), with in-flight slots to spare:
+    # the slot the crashed worker held stays taken until its lease ends.
+    add_destination(
+        conn, "only", receiver.url + "only", max_in_flight=4, rate_per_second=20, burst=1
+    )
+    ids = add_deliveries(conn, "only", 8)
+    # An infrastructure fault: the step process dies after the receiver accepted the 5th send
+    # (fresh processes read the crash point; Dagster's step retries are off so the run fails).
+    monkeypatch.setenv("MEDIA_HOOKS_CRASH_AT", crashpoints.AFTER_RECEIVER_ACCEPTED)
+    monkeypatch.setenv("MEDIA_HOOKS_CRASH_AFTER", "4")
+    failed = deliver(instance, database_url, execution=SPAWN_NO_RETRIES)
+    monkeypatch.delenv("MEDIA_HOOKS_CRASH_AT")
+    monkeypatch.delenv("MEDIA_HOOKS_CRASH_AFTER")
+    assert not failed.success
+    done_before = {
+        r["delivery_id"]
+        for r in conn.execute("SELECT delivery_id FROM webhook_delivery WHERE state = 'succeeded'")
+    }
+    assert 1 <= len(done_before) <= 4
+    # What the run-failure sensor does as soon as Dagster reports the failure.
+    assert sweeps.release_run(conn, failed.run_id) == len(ids) - len(done_before)
+
+    run_config = delivery_run_config({}, resources={"postgres": {"database_url": database_url}})
+    with execute_job(
+        reconstructable(deliver_webhooks_job),
+        instance=instance,
+        run_config=run_config,
+        reexecution_options=ReexecutionOptions.from_failure(failed.run_id, instance),
+    ) as reexecuted:
+        assert reexecuted.success
+    follow_up = deliver(instance, database_url)
+    assert follow_up.success
+
+    assert receiver.accepted_ids == set(ids)
+    sent = [r.webhook_id for r in receiver.requests]
+    for delivery_id in done_before:
+        assert sent.count(delivery_id) == 1, delivery_id
+    # Only those the crash cut off between "accepted" and "recorded" went out again.
+    assert len(sent) <= len(ids) + 2

@@ -1,0 +1,85 @@
+-- The operator's figures (media_hooks.figures): what `status`, `metrics` and the lag sensor
+-- read. Each statement is a bounded number of index scans over the partial indexes of 0001;
+-- none moves state. The measuring instant is the parameter now (NULL means the server clock).
+
+-- name: figures_counts_by_state
+-- description: deliveries per destination and state (index webhook_delivery_destination_state).
+SELECT destination_id, state, count(*) AS n
+FROM webhook_delivery
+GROUP BY destination_id, state
+ORDER BY destination_id, state;
+
+-- name: figures_scalars
+-- description: the single-number figures, each one scan of its own partial index.
+WITH clock AS (
+    SELECT COALESCE(%(now)s::timestamptz, now()) AS now
+)
+SELECT
+    clock.now AS measured_at,
+    -- Oldest due that could go out now: pending, due, destination enabled and not paused.
+    -- Walks webhook_delivery_due in order and stops at the first eligible row.
+    (SELECT d.next_attempt_at
+       FROM webhook_delivery d
+       JOIN webhook_destination w ON w.destination_id = d.destination_id
+      WHERE d.state = 'pending'
+        AND d.next_attempt_at <= clock.now
+        AND w.enabled
+        AND (w.paused_until IS NULL OR w.paused_until <= clock.now)
+      ORDER BY d.next_attempt_at, d.delivery_id
+      LIMIT 1) AS oldest_due_at,
+    -- Oldest due of all, including those waiting on a paused or disabled destination.
+    (SELECT min(d.next_attempt_at)
+       FROM webhook_delivery d
+      WHERE d.state = 'pending' AND d.next_attempt_at <= clock.now) AS oldest_due_any_at,
+    -- Relay lag: the oldest outbox row not yet published (dispatch_outbox_unpublished).
+    (SELECT min(o.created_at)
+       FROM dispatch_outbox o
+      WHERE o.published_at IS NULL) AS oldest_unpublished_at,
+    -- Leases past their end: work a dead worker left behind (webhook_delivery_lease).
+    (SELECT count(*)
+       FROM webhook_delivery d
+      WHERE d.state = 'leased' AND d.lease_until < clock.now) AS expired_leases,
+    -- Enqueued rows by age (webhook_delivery_enqueued): the oldest waits for its run.
+    (SELECT min(d.updated_at)
+       FROM webhook_delivery d
+      WHERE d.state = 'enqueued') AS oldest_enqueued_at,
+    -- Dead letters and the newest one, so a sensor can tell new ones (webhook_delivery_dead).
+    (SELECT count(*) FROM webhook_delivery d WHERE d.state = 'dead') AS dead_letters,
+    (SELECT max(d.updated_at) FROM webhook_delivery d WHERE d.state = 'dead') AS newest_dead_at
+FROM clock;
+
+-- name: figures_destination_flags
+-- description: destinations that are paused (until when, why) or disabled (why); a small table.
+SELECT destination_id, enabled, paused_until, paused_reason, disabled_reason, disabled_at
+FROM webhook_destination
+WHERE NOT enabled OR paused_until > COALESCE(%(now)s::timestamptz, now())
+ORDER BY destination_id;
+
+-- name: figures_attempts_by_outcome
+-- description: finished attempts per outcome over the last hour and day (delivery_attempt_finished).
+WITH clock AS (
+    SELECT COALESCE(%(now)s::timestamptz, now()) AS now
+)
+SELECT a.outcome,
+       count(*) FILTER (WHERE a.finished_at > clock.now - interval '1 hour') AS last_hour,
+       count(*) AS last_day
+FROM delivery_attempt a, clock
+WHERE a.finished_at > clock.now - interval '1 day'
+  AND a.finished_at <= clock.now
+GROUP BY a.outcome
+ORDER BY a.outcome;
+
+-- name: figures_cohort_due
+-- description: whether any delivery of a cohort is due and sendable now (what a run would
+-- claim): stops at the first such row of webhook_delivery_due.
+SELECT EXISTS (
+    SELECT 1
+    FROM webhook_delivery AS d
+    JOIN webhook_destination AS w ON w.destination_id = d.destination_id
+    WHERE d.state = 'pending'
+      AND d.next_attempt_at <= now()
+      AND media_hooks_in_cohort(d, %(destination_ids)s, %(event_types)s, %(asset_ids)s,
+                                %(created_after)s, %(created_before)s)
+      AND w.enabled
+      AND (w.paused_until IS NULL OR w.paused_until <= now())
+) AS due;

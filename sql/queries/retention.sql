@@ -1,0 +1,63 @@
+-- Retention (media_hooks.retention): bounded batches, each its own short transaction.
+
+-- name: purge_terminal_batch
+-- description: tombstones then deletes one batch of terminal deliveries older than the cutoff,
+-- with their attempt and outbox rows (index webhook_delivery_terminal).
+-- invariant: 3 (only succeeded or dead rows, never one still to be delivered) and 1 (the
+-- delivery_id survives as a tombstone for the duplicate window).
+WITH victims AS (
+    SELECT delivery_id, destination_id, state, created_at
+    FROM webhook_delivery
+    WHERE state IN ('succeeded', 'dead')
+      AND updated_at < %(cutoff)s
+    ORDER BY updated_at
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+),
+tombstones AS (
+    INSERT INTO delivery_tombstone (delivery_id, destination_id, final_state, created_at)
+    SELECT delivery_id, destination_id, state, created_at FROM victims
+    ON CONFLICT (delivery_id) DO NOTHING
+    RETURNING 1
+),
+attempts AS (
+    DELETE FROM delivery_attempt a USING victims v
+    WHERE a.delivery_id = v.delivery_id
+    RETURNING 1
+),
+outbox AS (
+    DELETE FROM dispatch_outbox o USING victims v
+    WHERE o.delivery_id = v.delivery_id
+    RETURNING 1
+),
+deliveries AS (
+    DELETE FROM webhook_delivery d USING victims v
+    WHERE d.delivery_id = v.delivery_id
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM deliveries) AS deliveries,
+       (SELECT count(*) FROM outbox) AS outbox_rows,
+       (SELECT count(*) FROM attempts) AS attempts,
+       (SELECT count(*) FROM tombstones) AS tombstones;
+
+-- name: expire_tombstones_batch
+-- description: deletes one batch of tombstones whose event is older than the duplicate window.
+WITH expired AS (
+    SELECT delivery_id
+    FROM delivery_tombstone
+    WHERE created_at < %(cutoff)s
+    ORDER BY created_at
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM delivery_tombstone t USING expired e
+WHERE t.delivery_id = e.delivery_id;
+
+-- name: tombstone_exists
+-- description: whether a delivery_id was delivered and purged within the duplicate window.
+SELECT EXISTS (SELECT 1 FROM delivery_tombstone WHERE delivery_id = %(delivery_id)s) AS present;
+
+-- name: retention_cutoffs
+-- description: the retention and duplicate-window cutoffs on the server clock.
+SELECT COALESCE(%(now)s::timestamptz, now()) - make_interval(secs => %(retain_seconds)s) AS purge_cutoff,
+       COALESCE(%(now)s::timestamptz, now()) - make_interval(secs => %(tombstone_seconds)s) AS tombstone_cutoff;

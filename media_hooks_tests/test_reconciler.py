@@ -22,12 +22,16 @@ def test_claims_due_rows_in_pages_with_one_outbox_row_per_dispatch(conn):
     assert (figures.claimed, figures.pages) == (25, 3)
     assert figures.by_destination == {"cdn": 25}
     assert states(conn) == {"enqueued": 25, "pending": 5}
-    outbox = conn.execute("SELECT message_id, delivery_id, run_id, body FROM dispatch_outbox").fetchall()
+    outbox = conn.execute(
+        "SELECT message_id, delivery_id, run_id, body FROM dispatch_outbox"
+    ).fetchall()
     assert len(outbox) == 25
     assert {row["message_id"] for row in outbox} == {f"{i}:1" for i in ids}
     assert {row["run_id"] for row in outbox} == {"run-1"}
     first = delivery(conn, ids[0])
-    assert bytes(next(r for r in outbox if r["delivery_id"] == ids[0])["body"]) == bytes(first["body"])
+    assert bytes(next(r for r in outbox if r["delivery_id"] == ids[0])["body"]) == bytes(
+        first["body"]
+    )
     assert first["current_message_id"] == f"{ids[0]}:1"
 
 
@@ -46,7 +50,9 @@ def test_cohort_filters_select_only_matching_rows(conn):
     add_deliveries(conn, "rights", 4, event_type="rights.updated")
     add_deliveries(conn, "rights", 2, prefix="t", event_type="transcode.completed")
 
-    figures = claim_due(conn, "run-1", Cohort(destination_ids=("rights",), event_types=("rights.updated",)))
+    figures = claim_due(
+        conn, "run-1", Cohort(destination_ids=("rights",), event_types=("rights.updated",))
+    )
     assert figures.by_destination == {"rights": 4}
 
     assets = claim_due(conn, "run-2", Cohort(asset_ids=("asset-1",)))
@@ -61,7 +67,9 @@ def test_dead_succeeded_disabled_and_paused_are_not_claimed(conn):
     add_destination(conn, "cdn")
     add_destination(conn, "off", enabled=False, disabled_reason="maintenance")
     add_destination(conn, "paused")
-    conn.execute("UPDATE webhook_destination SET paused_until = now() + interval '1 hour' WHERE destination_id = 'paused'")
+    conn.execute(
+        "UPDATE webhook_destination SET paused_until = now() + interval '1 hour' WHERE destination_id = 'paused'"
+    )
     dead, done = add_deliveries(conn, "cdn", 2)
     conn.execute("UPDATE webhook_delivery SET state = 'dead' WHERE delivery_id = %s", (dead,))
     conn.execute("UPDATE webhook_delivery SET state = 'succeeded' WHERE delivery_id = %s", (done,))
@@ -78,7 +86,10 @@ def test_a_retried_delivery_gets_a_new_outbox_row_and_keeps_its_id(conn):
     (delivery_id,) = add_deliveries(conn, "cdn", 1)
     claim_due(conn, "run-1", Cohort())
     # The first dispatch failed and was scheduled again (as record_outcomes does).
-    conn.execute("UPDATE webhook_delivery SET state = 'pending', next_attempt_at = now() WHERE delivery_id = %s", (delivery_id,))
+    conn.execute(
+        "UPDATE webhook_delivery SET state = 'pending', next_attempt_at = now() WHERE delivery_id = %s",
+        (delivery_id,),
+    )
 
     assert claim_due(conn, "run-2", Cohort()).claimed == 1
 
@@ -100,7 +111,12 @@ def test_plan_batches_cuts_each_destination_into_capped_ranges(conn):
     add_deliveries(conn, "small", 3)
     claim_due(conn, "run-1", Cohort())
     batches = plan_batches(conn, "run-1", batch_size=10)
-    assert [(b.destination_id, b.size) for b in batches] == [("big", 10), ("big", 10), ("big", 5), ("small", 3)]
+    assert [(b.destination_id, b.size) for b in batches] == [
+        ("big", 10),
+        ("big", 10),
+        ("big", 5),
+        ("small", 3),
+    ]
     assert all(b.run_id == "run-1" for b in batches)
     assert batches[0].last_message_id < batches[1].first_message_id
 

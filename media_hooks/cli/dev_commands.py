@@ -38,12 +38,13 @@ def dagster_environment(settings: Settings) -> dict[str, str]:
 
 def start_dagster_dev(env: dict[str, str], host: str, port: int) -> subprocess.Popen:
     """``dagster dev`` (webserver + daemon) in a process group of its own."""
-    from media_hooks.orchestration.instance import REPO, WORKSPACE
+    from media_hooks.orchestration.instance import WORKSPACE
 
     return subprocess.Popen(
         [sys.executable, "-m", "dagster", "dev", "-w", str(WORKSPACE), "-h", host, "-p", str(port)],
         env=env,
-        cwd=REPO,
+        # Dagster writes scratch files to its working folder: keep them in its home.
+        cwd=env.get("DAGSTER_HOME"),
         # Its own group: a background `dagster dev` ignores SIGINT, so it is stopped as a group.
         start_new_session=True,
     )

@@ -22,9 +22,11 @@ from media_hooks.config import Settings
 from media_hooks.db import redact
 from media_hooks.errors import RuntimeFailure
 
-REPO = Path(__file__).resolve().parent.parent.parent
-INSTANCE_TEMPLATE = REPO / "dagster.yaml"
-WORKSPACE = REPO / "workspace.yaml"
+# Shipped inside the package (the repository's top-level files link here), so an installed
+# wheel finds them too.
+HERE = Path(__file__).resolve().parent
+INSTANCE_TEMPLATE = HERE / "dagster.yaml"
+WORKSPACE = HERE / "workspace.yaml"
 STORAGE_VARIABLE = "MEDIA_HOOKS_DAGSTER_STORAGE_URL"
 
 

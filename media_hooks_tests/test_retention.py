@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from media_hooks import retention
+from media_hooks.emit import Event, emit, emit_many
 from media_hooks.errors import UserError
 from media_hooks_tests.orchestration.seed import add_deliveries, add_destination
 
@@ -86,3 +87,19 @@ def test_tombstones_expire_after_the_duplicate_window(conn):
 def test_a_duplicate_window_shorter_than_retention_is_refused():
     with pytest.raises(UserError, match="at least the retention window"):
         retention.RetentionPolicy(retain_seconds=10 * DAY, tombstone_seconds=DAY)
+
+
+def test_a_purged_delivery_re_emitted_is_recognised_by_its_tombstone(conn):
+    """Invariant 1 beyond retention: re-emitting an old event creates no second delivery."""
+    add_destination(conn, "live", "http://127.0.0.1:9/live")
+    (purged,) = add_deliveries(conn, "live", 1, state="succeeded", age_seconds=40 * DAY)
+    retention.run_retention(conn, retention.RetentionPolicy())
+    assert _count(conn, "webhook_delivery") == 0
+
+    again = Event("live", "asset-1", "transcode.completed", {"n": 1}, delivery_id=purged)
+    assert emit(conn, again).inserted is False
+    fresh = Event("live", "asset-2", "transcode.completed", {"n": 2}, delivery_id="fresh-1")
+    counts = emit_many(conn, [again, fresh])
+    assert (counts.inserted, counts.already_present) == (1, 1)
+    left = {r["delivery_id"] for r in conn.execute("SELECT delivery_id FROM webhook_delivery")}
+    assert left == {"fresh-1"}

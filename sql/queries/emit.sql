@@ -6,7 +6,8 @@
 -- description: records one pending delivery unless its delivery_id exists; says whether the
 -- destination is known and whether a row was written (an unknown destination writes nothing,
 -- so a producer's transaction is never aborted by a foreign key error).
--- invariant 1: the delivery_id is its identity; a second emit of it records nothing.
+-- invariant 1: the delivery_id is its identity; a second emit of it records nothing, even
+-- after retention purged the first (its tombstone remains).
 -- invariant 2: payload and body are written once here and never updated.
 WITH destination AS (
     SELECT destination_id
@@ -21,6 +22,8 @@ inserted AS (
            %(payload)s::jsonb, %(body)s::bytea,
            %(created_at)s, %(created_at)s, %(created_at)s, %(created_at)s
     FROM destination
+    -- A purged delivery's tombstone still holds its identity (retention, 0003).
+    WHERE NOT EXISTS (SELECT 1 FROM delivery_tombstone AS t WHERE t.delivery_id = %(delivery_id)s)
     ON CONFLICT (delivery_id) DO NOTHING
     RETURNING delivery_id
 )
@@ -71,7 +74,8 @@ LIMIT 1;
 -- delivery_id staged twice counts once (its first event wins). Returns the counts. Rows go in
 -- delivery_id order: the primary key and the due index then fill leaf by leaf (a quarter less
 -- server time than file order).
--- invariant 1: a delivery_id already recorded is left as it is and counted as already present.
+-- invariant 1: a delivery_id already recorded (or tombstoned) is left as it is and counted as
+-- already present.
 -- invariant 2: payload and body are written once here and never updated.
 WITH inserted AS (
     INSERT INTO webhook_delivery
@@ -80,7 +84,9 @@ WITH inserted AS (
     SELECT DISTINCT ON (delivery_id)
            delivery_id, destination_id, asset_id, event_type, payload::jsonb, body,
            %(created_at)s, %(created_at)s, %(created_at)s, %(created_at)s
-    FROM media_hooks_emit_staging
+    FROM media_hooks_emit_staging AS staged
+    -- A purged delivery's tombstone still holds its identity (retention, 0003).
+    WHERE NOT EXISTS (SELECT 1 FROM delivery_tombstone AS t WHERE t.delivery_id = staged.delivery_id)
     ORDER BY delivery_id, ordinal
     ON CONFLICT (delivery_id) DO NOTHING
     RETURNING 1

@@ -14,7 +14,6 @@ the sweeps make the rows due again (invariant 3).
 from __future__ import annotations
 
 import time
-import uuid
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
@@ -133,7 +132,9 @@ class _BatchWorker:
         self.page_size = page_size
         self.max_wait_seconds = max_wait_seconds
         self.lease_seconds = lease_seconds_for(destination, sender, settings)
-        self.holder = f"{run_id}/{uuid.uuid4().hex[:12]}"
+        # Every batch of a run holds its permits under the run's id, so the run's failure
+        # handling can free them at once (sweeps.release_run) instead of waiting out the holds.
+        self.holder = run_id
         self.counts = DeliveryCounts()
         self.waiting: deque[Message] = deque()
         self.after_message_id = ""

@@ -145,6 +145,14 @@ def release(conn: psycopg.Connection, destination_id: str, slots: list[int], hol
     return released
 
 
+def release_holder(conn: psycopg.Connection, holder: str) -> int:
+    """Free every slot ``holder`` holds, on every destination; for a worker known to be dead."""
+    _require_no_open_transaction(conn)
+    with conn.cursor(row_factory=tuple_row) as cur:
+        (released,) = cur.execute(query("release_holder"), {"holder": holder}).fetchone()
+    return released
+
+
 def pause_destination(
     conn: psycopg.Connection, destination_id: str, until_seconds_from_now: float, reason: str
 ) -> datetime:

@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 
+from media_hooks import rate_limits
 from media_hooks.config import Settings
 from media_hooks.sqlfiles import query
 
@@ -42,8 +43,11 @@ def sweep_stale_enqueues(conn: psycopg.Connection, timeout_seconds: float) -> in
 
 
 def release_run(conn: psycopg.Connection, run_id: str) -> int:
-    """A run known to have failed: its enqueued and leased rows become due again now."""
-    return conn.execute(query("release_run"), {"run_id": run_id}).fetchone()["moved"]
+    """A run known to have failed: its enqueued and leased rows become due again now, and
+    the send permits its workers held are freed for the next run."""
+    moved = conn.execute(query("release_run"), {"run_id": run_id}).fetchone()["moved"]
+    rate_limits.release_holder(conn, run_id)
+    return moved
 
 
 def trip_circuit_breakers(conn: psycopg.Connection, settings: Settings) -> list[dict[str, str]]:

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from media_hooks import leases, sweeps
+from media_hooks import leases, rate_limits, sweeps
 from media_hooks.cohort import Cohort
 from media_hooks.config import Settings
 from media_hooks.errors import UserError
@@ -304,3 +304,17 @@ def test_requeue_refuses_succeeded_and_an_empty_reason(conn):
         requeue(conn, Cohort(), states=("succeeded",), reason="x", requested_by="me")
     with pytest.raises(UserError, match="needs a --reason"):
         requeue(conn, Cohort(), reason="  ", requested_by="me")
+
+
+def test_release_run_frees_the_send_permits_its_workers_held(conn):
+    add_destination(conn, "cdn", max_in_flight=2)
+    add_destination(conn, "rights", max_in_flight=1)
+    rate_limits.acquire(conn, "cdn", 2, "run-dead", hold_seconds=600)
+    rate_limits.acquire(conn, "rights", 1, "run-dead", hold_seconds=600)
+    assert rate_limits.acquire(conn, "rights", 1, "run-alive", hold_seconds=600).granted == 0
+    assert rate_limits.acquire(conn, "cdn", 1, "run-alive", hold_seconds=600).granted == 0
+
+    sweeps.release_run(conn, "run-dead")
+
+    assert rate_limits.in_flight(conn, "cdn") == []
+    assert rate_limits.acquire(conn, "rights", 1, "run-alive", hold_seconds=600).granted == 1

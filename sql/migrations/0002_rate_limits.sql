@@ -210,6 +210,37 @@ BEGIN
 END;
 $$;
 
+-- Free every slot one holder holds, on every destination: the holder is known to be dead (its
+-- run failed), so its destinations need not wait for the holds to expire. Returns how many.
+CREATE FUNCTION media_hooks_release_holder_v1(p_holder text)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    holder_key bigint := media_hooks_holder_key_v1(p_holder);
+    lim destination_limiter;
+    slot integer;
+    released integer := 0;
+BEGIN
+    FOR lim IN
+        SELECT * FROM destination_limiter l
+         WHERE holder_key = ANY (l.slot_holder)
+         ORDER BY l.destination_id
+           FOR UPDATE
+    LOOP
+        FOR slot IN 1 .. coalesce(array_length(lim.slot_holder, 1), 0) LOOP
+            IF lim.slot_holder[slot] = holder_key AND lim.slot_until[slot] IS NOT NULL THEN
+                lim.slot_until[slot] := NULL;
+                lim.slot_holder[slot] := NULL;
+                released := released + 1;
+            END IF;
+        END LOOP;
+        UPDATE destination_limiter l SET slot_until = lim.slot_until, slot_holder = lim.slot_holder
+         WHERE l.destination_id = lim.destination_id;
+    END LOOP;
+    RETURN released;
+END;
+$$;
+
 -- A 429 or a 503 with Retry-After pauses the whole destination. Taken under the limiter lock,
 -- so every grant either happened before the pause began or sees it. An existing longer pause
 -- is kept, with its reason.

@@ -18,6 +18,11 @@ SELECT slots, granted_at, retry_in, reason
 -- whose hold expired and went to another holder is left alone); returns how many.
 SELECT media_hooks_release_permits_v1(%(destination_id)s, %(slots)s, %(holder)s)
 
+-- name: release_holder
+-- description: free every slot one holder holds on any destination, for a worker known to be
+-- dead (its run failed); returns how many.
+SELECT media_hooks_release_holder_v1(%(holder)s) AS released
+
 -- name: pause_destination
 -- description: pause the whole destination (a 429, or a 503 with Retry-After) until the later
 -- of its current pause and now plus seconds; no permit is granted to anyone before then.

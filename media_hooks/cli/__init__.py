@@ -35,7 +35,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="media-hooks", description=__doc__.splitlines()[0])
+    parser = _Parser(
+        prog="media-hooks",
+        description="Deliver media-pipeline webhooks to rate-limited publishers through a "
+        "PostgreSQL transactional outbox, orchestrated by Dagster.",
+    )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for group in _command_groups():
         group.register(commands)

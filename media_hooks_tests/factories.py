@@ -1,20 +1,23 @@
-"""Test data written straight into the tables (bulk, fast), for state-machine tests."""
+"""Test data written straight into the tables (bulk, fast): the state the engine reads."""
 
 from __future__ import annotations
 
 import json
 
 import psycopg
+from psycopg import sql
 
 
 def add_destination(
-    conn: psycopg.Connection, destination_id: str, url: str = "http://127.0.0.1:9/", **limits
+    conn: psycopg.Connection, destination_id: str, url: str = "http://127.0.0.1:9/", **columns
 ) -> None:
-    columns = ["destination_id", "url", *limits]
-    values = [destination_id, url, *limits.values()]
-    placeholders = ", ".join(["%s"] * len(values))
+    """A destination with the schema's defaults but for the ``columns`` given."""
+    values = {"destination_id": destination_id, "url": url, **columns}
     conn.execute(
-        f"INSERT INTO webhook_destination ({', '.join(columns)}) VALUES ({placeholders})",  # noqa: S608
+        sql.SQL("INSERT INTO webhook_destination ({}) VALUES ({})").format(
+            sql.SQL(", ").join(map(sql.Identifier, values)),
+            sql.SQL(", ").join(map(sql.Placeholder, values)),
+        ),
         values,
     )
 
@@ -24,31 +27,49 @@ def add_deliveries(
     destination_id: str,
     count: int,
     *,
-    prefix: str = "d",
+    prefix: str | None = None,
+    state: str = "pending",
     event_type: str = "transcode.completed",
-    due_in_seconds: float = -1.0,
+    asset_id: str | None = None,
+    due_seconds_ago: float = 1.0,
+    age_seconds: float = 0.0,
 ) -> list[str]:
-    """``count`` pending deliveries, due ``due_in_seconds`` from now (negative: already due)."""
+    """``count`` deliveries ``<prefix>-<destination>-<n>`` in ``state`` (a leased one holds a
+    live lease), created ``age_seconds`` ago; pending ones became due ``due_seconds_ago``
+    (negative: due in the future). The prefix defaults to ``d`` for pending rows and to the
+    state's name for others. Each has asset ``asset-<n>`` unless ``asset_id`` is given."""
+    prefix = f"{prefix or ('d' if state == 'pending' else state)}-{destination_id}"
     conn.execute(
         """
         INSERT INTO webhook_delivery
-            (delivery_id, destination_id, asset_id, event_type, payload, body, next_attempt_at)
-        SELECT %(prefix)s::text || '-' || g, %(destination_id)s::text, 'asset-' || g, %(event_type)s::text,
+            (delivery_id, destination_id, asset_id, event_type, payload, body, state,
+             next_attempt_at, lease_until, lease_token, created_at, updated_at)
+        SELECT %(prefix)s::text || '-' || g, %(destination_id)s::text,
+               coalesce(%(asset_id)s::text, 'asset-' || g), %(event_type)s::text,
                jsonb_build_object('n', g),
-               convert_to(json_build_object('type', %(event_type)s::text, 'asset_id', 'asset-' || g,
+               convert_to(json_build_object('type', %(event_type)s::text,
+                                            'asset_id', coalesce(%(asset_id)s::text, 'asset-' || g),
                                             'data', json_build_object('n', g))::text, 'UTF8'),
-               now() + make_interval(secs => %(due)s)
+               %(state)s,
+               now() - make_interval(secs => %(due)s),
+               CASE WHEN %(state)s = 'leased' THEN now() + interval '1 minute' END,
+               CASE WHEN %(state)s = 'leased' THEN gen_random_uuid() END,
+               now() - make_interval(secs => %(age)s),
+               now() - make_interval(secs => %(age)s)
         FROM generate_series(1, %(count)s) AS g
         """,
         {
-            "prefix": f"{prefix}-{destination_id}",
+            "prefix": prefix,
             "destination_id": destination_id,
+            "asset_id": asset_id,
             "event_type": event_type,
+            "state": state,
+            "due": due_seconds_ago,
+            "age": age_seconds,
             "count": count,
-            "due": due_in_seconds,
         },
     )
-    return [f"{prefix}-{destination_id}-{i}" for i in range(1, count + 1)]
+    return [f"{prefix}-{i}" for i in range(1, count + 1)]
 
 
 def delivery(conn: psycopg.Connection, delivery_id: str) -> dict:

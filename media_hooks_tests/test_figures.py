@@ -8,7 +8,7 @@ import pytest
 
 from media_hooks import figures
 from media_hooks.sqlfiles import query
-from media_hooks_tests.orchestration.seed import add_deliveries, add_destination
+from media_hooks_tests.factories import add_deliveries, add_destination
 
 
 def _prepare(conn) -> None:

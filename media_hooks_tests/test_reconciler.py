@@ -15,7 +15,7 @@ from media_hooks_tests.factories import add_deliveries, add_destination, deliver
 def test_claims_due_rows_in_pages_with_one_outbox_row_per_dispatch(conn):
     add_destination(conn, "cdn")
     ids = add_deliveries(conn, "cdn", 25)
-    add_deliveries(conn, "cdn", 5, prefix="later", due_in_seconds=3600)
+    add_deliveries(conn, "cdn", 5, prefix="later", due_seconds_ago=-3600)
 
     figures = claim_due(conn, "run-1", Cohort(), page_size=10)
 

@@ -7,7 +7,7 @@ import pytest
 from media_hooks import retention
 from media_hooks.emit import Event, emit, emit_many
 from media_hooks.errors import UserError
-from media_hooks_tests.orchestration.seed import add_deliveries, add_destination
+from media_hooks_tests.factories import add_deliveries, add_destination
 
 DAY = 86400
 

@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from media_hooks_tests.conftest import REPO, run_cli
-from media_hooks_tests.orchestration.seed import add_deliveries, add_destination
+from media_hooks_tests.factories import add_deliveries, add_destination
 
 LOCATION = {"repositoryLocationName": "media_hooks", "repositoryName": "__repository__"}
 

@@ -7,8 +7,8 @@ from dagster import DagsterEventType, ReexecutionOptions, execute_job, reconstru
 from media_hooks import crashpoints, sweeps
 from media_hooks.orchestration.definitions import deliver_webhooks_job
 from media_hooks.orchestration.running import delivery_run_config
+from media_hooks_tests.factories import add_deliveries, add_destination
 from media_hooks_tests.orchestration.conftest import SPAWN, deliver
-from media_hooks_tests.orchestration.seed import add_deliveries, add_destination
 
 SPAWN_NO_RETRIES = {"config": {**SPAWN["config"], "retries": {"disabled": {}}}}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from media_hooks.orchestration.jobs import requeue_cohort, retention
 from media_hooks.orchestration.resources import PostgresResource
-from media_hooks_tests.orchestration.seed import add_deliveries, add_destination
+from media_hooks_tests.factories import add_deliveries, add_destination
 
 DAY = 86400
 

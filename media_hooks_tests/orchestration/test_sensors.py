@@ -29,7 +29,7 @@ from media_hooks.orchestration.definitions import deliver_webhooks_job
 from media_hooks.orchestration.jobs import deliver_webhooks
 from media_hooks.orchestration.resources import PostgresResource
 from media_hooks.orchestration.sensors import build_delivery_lag_sensor
-from media_hooks_tests.orchestration.seed import add_deliveries, add_destination
+from media_hooks_tests.factories import add_deliveries, add_destination
 
 lag_sensor = definitions.delivery_lag_sensor
 failure_sensor = definitions.delivery_run_failure_sensor

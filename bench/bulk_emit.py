@@ -11,50 +11,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
-from psycopg import conninfo, sql
+from scratch import scratch_database, write_results
 
-from media_hooks import embedded, migrations
 from media_hooks.config import Settings
 from media_hooks.destinations import DestinationSpec, upsert_destination
 from media_hooks.emit import Event, emit_jsonl, emit_many
 
 REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "results" / "bulk_emit.json"
 DESTINATION = "bench-publisher"
 TARGET_PER_SECOND = 20_000
-
-
-def _with_database(url: str, name: str) -> str:
-    params = conninfo.conninfo_to_dict(url)
-    params["dbname"] = name
-    return conninfo.make_conninfo(**params)
-
-
-def create_database(settings: Settings, name: str) -> str:
-    if settings.database_url is None:
-        return embedded.embedded_url(settings.home, name)
-    with psycopg.connect(settings.database_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    return _with_database(settings.database_url, name)
-
-
-def drop_database(url: str, name: str) -> None:
-    with psycopg.connect(_with_database(url, "postgres"), autocommit=True) as admin:
-        admin.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
 
 
 def events(rows: int, run: str) -> Iterator[Event]:
@@ -163,32 +138,24 @@ def main() -> int:
     args = parser.parse_args()
     settings = Settings.from_env()
     load_average = round(os.getloadavg()[0], 2)
-    name = f"mh_bench_{uuid.uuid4().hex[:12]}"
-    url = create_database(settings, name)
-    try:
+    with scratch_database() as url:
         with psycopg.connect(url, autocommit=True) as conn:
-            migrations.migrate(conn)
             spec = DestinationSpec(DESTINATION, "http://127.0.0.1:9/hooks", rate_per_second=1000)
             upsert_destination(conn, spec, replace(settings, allow_private_urls=True))
         figures = bench(url, args.rows)
-    finally:
-        drop_database(url, name)
     slowest = min(figures[k]["per_second"] for k in ("emit_many", "emit_jsonl"))
     document = {
         "benchmark": "bulk_emit",
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "database": "embedded" if settings.database_url is None else "MEDIA_HOOKS_DATABASE_URL",
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
         "load_average_at_start": load_average,
         "target_per_second": TARGET_PER_SECOND,
         "meets_target": slowest >= TARGET_PER_SECOND,
         "command": "python bench/bulk_emit.py --rows " + str(args.rows),
         **figures,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    print(f"target {TARGET_PER_SECOND}/s met: {document['meets_target']} -> {RESULTS}")
+    path = write_results("bulk_emit", document)
+    print(f"target {TARGET_PER_SECOND}/s met: {document['meets_target']} -> {path}")
     return 0 if document["meets_target"] else 1
 
 

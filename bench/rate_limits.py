@@ -17,40 +17,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import threading
 import time
-import uuid
-from pathlib import Path
 
 import psycopg
-from psycopg import conninfo, sql
+from scratch import scratch_database, server_url, write_results
 
-from media_hooks import db, migrations, rate_limits
-from media_hooks.config import Settings
+from media_hooks import db, rate_limits
 
-RESULTS = Path(__file__).resolve().parent / "results" / "rate_limits.json"
 DESTINATION = "bench-unlimited"
 ADD_DESTINATION = """
 INSERT INTO webhook_destination (destination_id, url, rate_per_second, burst, max_in_flight)
 VALUES (%(id)s, 'http://127.0.0.1:9/', 1e6, 1000, 64)
 """
-
-
-def _scratch_database(server_url: str) -> tuple[str, str]:
-    name = f"mh_bench_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    params = conninfo.conninfo_to_dict(server_url)
-    params["dbname"] = name
-    return name, conninfo.make_conninfo(**params)
-
-
-def _drop_database(server_url: str, name: str) -> None:
-    with psycopg.connect(server_url, autocommit=True) as admin:
-        admin.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
 
 
 def _round_trip_seconds(url: str, seconds: float) -> float:
@@ -118,36 +97,27 @@ def main() -> None:
     args = parser.parse_args()
 
     load_at_start = round(os.getloadavg()[0], 2)
-    server_url = db.resolve_url(Settings.from_env())
-    name, url = _scratch_database(server_url)
-    try:
+    with scratch_database() as url:
         with psycopg.connect(url, autocommit=True) as conn:
-            migrations.migrate(conn)
             conn.execute(ADD_DESTINATION, {"id": DESTINATION})
         rtt = _round_trip_seconds(url, args.seconds)
         runs = [
             _measure(url, batch, threads, args.seconds, rtt, args.repeats)
             for batch, threads in [(1, 1), (16, 1), (64, 1), (1, 4), (16, 4)]
         ]
-    finally:
-        _drop_database(server_url, name)
 
     report = {
         "benchmark": "rate_limits",
-        "server": db.redact(server_url),
-        "machine": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "load_average_1m_at_start": load_at_start,
-            "load_average_1m_at_end": round(os.getloadavg()[0], 2),
-        },
+        "server": db.redact(server_url()),
+        "load_average_1m_at_start": load_at_start,
+        "load_average_1m_at_end": round(os.getloadavg()[0], 2),
         "destination": {"rate_per_second": 1e6, "burst": 1000, "max_in_flight": 64},
         "bare_round_trip_ms": round(rtt * 1000, 4),
         "runs": runs,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    path = write_results("rate_limits", report)
     print(json.dumps(report, indent=2))
+    print(f"written to {path}")
 
 
 if __name__ == "__main__":

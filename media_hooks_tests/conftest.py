@@ -19,20 +19,15 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg import conninfo, sql
+from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from media_hooks import db, migrations
 from media_hooks.config import Settings
+from media_hooks.db import with_database
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def with_database(url: str, name: str) -> str:
-    params = conninfo.conninfo_to_dict(url)
-    params["dbname"] = name
-    return conninfo.make_conninfo(**params)
 
 
 @pytest.fixture(scope="session")

@@ -15,9 +15,10 @@ import pytest
 from psycopg.rows import dict_row
 
 from media_hooks.cohort import Cohort
+from media_hooks.db import with_database
 from media_hooks.reconciler import claim_due
 from media_hooks.sqlfiles import query
-from media_hooks_tests.conftest import create_database, drop_database, with_database
+from media_hooks_tests.conftest import create_database, drop_database
 from media_hooks_tests.factories import add_deliveries, add_destination
 
 BIG_TABLES = {"webhook_delivery", "dispatch_outbox", "delivery_attempt"}

@@ -16,7 +16,14 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
+from concurrent.futures import (
+    ALL_COMPLETED,
+    FIRST_COMPLETED,
+    Future,
+    ThreadPoolExecutor,
+    as_completed,
+    wait,
+)
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime, timedelta
 
@@ -36,6 +43,11 @@ LEASE_MARGIN_SECONDS = 2.0
 # rest of its batch back to pending for a later run.
 DEFAULT_MAX_WAIT_SECONDS = 60.0
 DEFAULT_PAGE_SIZE = 500
+# Outcomes are recorded in batches of up to this many, and none waits longer than the delay
+# (a 429 or 410 is recorded, and acted on, at once).
+RECORD_BATCH = 100
+RECORD_MAX_DELAY_SECONDS = 0.2
+GATHER_SECONDS = 0.002
 
 
 @dataclass
@@ -140,6 +152,11 @@ class _BatchWorker:
         self.after_message_id = ""
         self.pages_exhausted = False
         self.in_flight: dict[Future, tuple[Lease, int]] = {}
+        # Finished requests whose outcomes are not recorded yet, and since when; and the
+        # permits of finished requests, handed back with the next ask.
+        self.finished: list[tuple[Lease, AttemptResult]] = []
+        self.finished_since: float | None = None
+        self.returned_slots: list[int] = []
         self.wait_started: float | None = None
 
     # The relay ---------------------------------------------------------------------------
@@ -170,9 +187,7 @@ class _BatchWorker:
         chosen = [self.waiting.popleft() for _ in range(min(grant.granted, len(self.waiting)))]
         taken = leases.lease(self.conn, self.run_id, chosen, self.lease_seconds)
         self.counts.skipped += len(chosen) - len(taken)
-        unused = grant.slots[len(taken) :]
-        if unused:
-            rate_limits.release(self.conn, self.destination.destination_id, unused, self.holder)
+        self.returned_slots.extend(grant.slots[len(taken) :])
         if taken:
             crashpoints.hit(crashpoints.AFTER_LEASE_BEFORE_REQUEST)
         for lease, slot in zip(taken, grant.slots, strict=False):
@@ -180,29 +195,58 @@ class _BatchWorker:
             self.in_flight[future] = (lease, slot)
 
     def _collect(self, timeout: float | None) -> None:
-        """Wait for at least one request to finish (or ``timeout``), then record all finished."""
-        done, _ = wait(list(self.in_flight), timeout=timeout, return_when=FIRST_COMPLETED)
-        if not done:
-            return
-        finished = [(self.in_flight.pop(f), f.result()) for f in done]
+        """Wait for at least one request to finish (or ``timeout``) and take what finished.
+
+        Their permits go back with the next ask; their outcomes are recorded in batches
+        (``_record``), since one statement for many outcomes costs little more than for one.
+        """
+        done, pending = wait(list(self.in_flight), timeout=timeout, return_when=FIRST_COMPLETED)
+        if done and pending:
+            # Requests sent together tend to finish together: a moment's wait lets the next
+            # ask take several permits in one round trip instead of one each.
+            more, _ = wait(pending, timeout=GATHER_SECONDS, return_when=ALL_COMPLETED)
+            done |= more
+        for future in done:
+            lease, slot = self.in_flight.pop(future)
+            self.finished.append((lease, future.result()))
+            self.returned_slots.append(slot)
+        if done and self.finished_since is None:
+            self.finished_since = time.monotonic()
+        if self._record_due():
+            self._record()
+
+    def _record_due(self) -> bool:
+        if not self.finished:
+            return False
+        idle = not self.in_flight and not self.waiting and self.pages_exhausted
+        if idle or len(self.finished) >= RECORD_BATCH:
+            return True
+        # A destination's signal (429, 410) acts at once; no outcome waits long unrecorded.
+        signal = any(
+            r.outcome == outcomes.RATE_LIMITED or r.disable_destination for _, r in self.finished
+        )
+        return signal or time.monotonic() - self.finished_since >= RECORD_MAX_DELAY_SECONDS
+
+    def _record(self) -> None:
+        finished, self.finished, self.finished_since = self.finished, [], None
         crashpoints.hit(crashpoints.AFTER_RESPONSE_BEFORE_RECORD)
         recorded = leases.record(
-            self.conn,
-            [to_outcome(lease, result, self.destination) for (lease, _), result in finished],
+            self.conn, [to_outcome(lease, result, self.destination) for lease, result in finished]
         )
-        rate_limits.release(
-            self.conn,
-            self.destination.destination_id,
-            [slot for (_, slot), _ in finished],
-            self.holder,
-        )
-        for (lease, _), result in finished:
+        for lease, result in finished:
             state = recorded.get(lease.delivery_id)
             if state is None:
                 self.counts.skipped += 1  # our lease expired and someone else owns it now
             else:
                 self.counts.count(result.outcome, state)
         self._apply_destination_signals([result for _, result in finished])
+
+    def _return_slots(self) -> None:
+        if self.returned_slots:
+            rate_limits.release(
+                self.conn, self.destination.destination_id, self.returned_slots, self.holder
+            )
+            self.returned_slots = []
 
     def _apply_destination_signals(self, results: list[AttemptResult]) -> None:
         """A 429 / 503 + Retry-After pauses the destination; a 410 disables it."""
@@ -249,8 +293,14 @@ class _BatchWorker:
         want = min(free, len(self.waiting))
         if want <= 0:
             return rate_limits.Grant()
+        returned, self.returned_slots = self.returned_slots, []
         return rate_limits.acquire(
-            self.conn, self.destination.destination_id, want, self.holder, self.lease_seconds
+            self.conn,
+            self.destination.destination_id,
+            want,
+            self.holder,
+            self.lease_seconds,
+            release_slots=returned,
         )
 
     def _should_give_up(self, grant: rate_limits.Grant) -> bool:
@@ -266,27 +316,36 @@ class _BatchWorker:
             max_workers=self.destination.max_in_flight,
             thread_name_prefix=f"send-{self.destination.destination_id}"[:40],
         ) as executor:
-            while True:
-                self._refill()
-                if not self.waiting and not self.in_flight:
-                    break
-                grant = self._ask()
-                if grant.granted:
-                    self.wait_started = None
-                    self._start(executor, grant)
-                    if self.in_flight:
-                        self._collect(timeout=0)
-                    continue
-                if self.waiting and not self.in_flight and self._should_give_up(grant):
-                    self._defer_rest(grant)
-                    break
-                if self.in_flight:
-                    # Asking again only pays once something finishes or a permit is due.
-                    timeout = grant.retry_in if self.waiting and grant.reason else None
-                    self._collect(timeout=timeout)
-                else:
-                    time.sleep(max(grant.retry_in, 0.001))
+            try:
+                self._loop(executor)
+            finally:
+                # However the loop ended, what finished is recorded and no permit stays held.
+                if self.finished:
+                    self._record()
+            self._return_slots()
         return self.counts
+
+    def _loop(self, executor: ThreadPoolExecutor) -> None:
+        while True:
+            self._refill()
+            if not self.waiting and not self.in_flight:
+                return
+            grant = self._ask()
+            if grant.granted:
+                self.wait_started = None
+                self._start(executor, grant)
+                continue
+            if self.waiting and not self.in_flight and self._should_give_up(grant):
+                self._defer_rest(grant)
+                return
+            if self.in_flight:
+                # Asking again only pays once something finishes or a permit is due.
+                timeout = grant.retry_in if self.waiting and grant.reason else None
+                self._collect(timeout=timeout)
+            else:
+                if self.finished:
+                    self._record()  # nothing is in flight: record while waiting for a permit
+                time.sleep(max(grant.retry_in, 0.001))
 
 
 def deliver_batch(

@@ -20,7 +20,7 @@ until that transaction ended.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -103,14 +103,20 @@ def _execute(conn: psycopg.Connection, name: str, params: dict) -> tuple[tuple |
 
 
 def acquire(
-    conn: psycopg.Connection, destination_id: str, want: int, holder: str, hold_seconds: float
+    conn: psycopg.Connection,
+    destination_id: str,
+    want: int,
+    holder: str,
+    hold_seconds: float,
+    release_slots: Sequence[int] = (),
 ) -> Grant:
     """Grant up to ``want`` permits to ``holder`` at once: min(want, free slots, rate tokens).
 
     Each granted slot is held until ``release`` or for ``hold_seconds`` (set it to the lease
     length), whichever comes first. ``holder`` names one worker (run id, process, thread): a
     release frees only the slots that holder still holds. One round trip, committed on return;
-    ``conn`` must be outside any transaction (autocommit, or idle).
+    ``conn`` must be outside any transaction (autocommit, or idle). ``release_slots`` are freed
+    first, in the same round trip (as ``release`` would).
     """
     _check_request(destination_id, want, holder, hold_seconds)
     _require_no_open_transaction(conn)
@@ -124,6 +130,7 @@ def acquire(
             "hold_seconds": hold_seconds,
             "slot_poll_seconds": SLOT_POLL_SECONDS,
             "disabled_poll_seconds": DISABLED_POLL_SECONDS,
+            "release_slots": list(release_slots),
         },
     )
     return Grant(slots=list(slots), retry_in=float(retry_in), reason=reason, granted_at=granted_at)

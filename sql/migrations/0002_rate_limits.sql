@@ -69,14 +69,16 @@ $$;
 -- Grant up to p_want permits (a slot and a start each) in one call. Starts are spent only
 -- together with slots. Returns the granted slot numbers (possibly none), the database time of
 -- the grant, how long until asking again is worth it, and why fewer than wanted were granted
--- ('disabled', 'paused until ... (why)', 'rate', 'in flight').
+-- ('disabled', 'paused until ... (why)', 'rate', 'in flight'). p_release lists slots this
+-- holder gives back first, in the same round trip (a worker's finished requests).
 CREATE FUNCTION media_hooks_acquire_permits_v1(
     p_destination_id text,
     p_want integer,
     p_holder text,
     p_hold_seconds double precision,
     p_slot_poll_seconds double precision,
-    p_disabled_poll_seconds double precision
+    p_disabled_poll_seconds double precision,
+    p_release integer[] DEFAULT '{}'
 )
 RETURNS TABLE (slots integer[], granted_at timestamptz, retry_in double precision, reason text)
 LANGUAGE plpgsql AS $$
@@ -97,8 +99,21 @@ DECLARE
     rate_bound boolean;
     rate_wait double precision := 0;
     slot_wait double precision := 0;
+    released integer := 0;
+    slot integer;
 BEGIN
     lim := media_hooks_lock_limiter_v1(p_destination_id);
+    FOREACH slot IN ARRAY coalesce(p_release, '{}') LOOP
+        IF lim.slot_holder[slot] = holder_key AND lim.slot_until[slot] IS NOT NULL THEN
+            lim.slot_until[slot] := NULL;
+            lim.slot_holder[slot] := NULL;
+            released := released + 1;
+        END IF;
+    END LOOP;
+    IF released > 0 THEN
+        UPDATE destination_limiter l SET slot_until = lim.slot_until, slot_holder = lim.slot_holder
+         WHERE l.destination_id = p_destination_id;
+    END IF;
     -- Read after the lock, with a fresh snapshot: a grant sees every earlier grant, release and
     -- pause, and its clock is later than theirs.
     SELECT * INTO dest FROM webhook_destination d WHERE d.destination_id = p_destination_id;

@@ -136,3 +136,25 @@ def run_cli(
         timeout=timeout,
         cwd=REPO,
     )
+
+
+def run_cli_together(
+    *args: str, env: dict[str, str], count: int = 2, timeout: float = 120
+) -> list[subprocess.CompletedProcess[str]]:
+    """Start ``count`` identical ``media-hooks`` processes at once and wait for them all."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "media_hooks.cli", *args],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(count)
+    ]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout)
+        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return results

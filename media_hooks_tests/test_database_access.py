@@ -6,14 +6,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from media_hooks_tests.conftest import REPO, run_cli
+from media_hooks_tests.conftest import run_cli, run_cli_together
 
 
 def _env(**overrides: str) -> dict[str, str]:
@@ -45,19 +44,8 @@ def test_concurrent_first_uses_share_one_embedded_server_and_later_commands_reus
     home = Path(tempfile.mkdtemp(prefix="media_hooks_home_"))
     env = _env(MEDIA_HOOKS_HOME=str(home))
     try:
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-m", "media_hooks.cli", "db", "migrate"],
-                env=env,
-                cwd=REPO,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for _ in range(2)
-        ]
-        outputs = [p.communicate(timeout=120) for p in procs]
-        assert [p.returncode for p in procs] == [0, 0], outputs
+        results = run_cli_together("db", "migrate", env=env)
+        assert [r.returncode for r in results] == [0, 0], [r.stderr for r in results]
         first = _postmaster_pid(home)
 
         later = run_cli("status", "--json", env=env)

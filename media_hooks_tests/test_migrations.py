@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import psycopg
 import pytest
 
 from media_hooks import migrations, sqlfiles
 from media_hooks.errors import RuntimeFailure
-from media_hooks_tests.conftest import REPO, run_cli
+from media_hooks_tests.conftest import run_cli, run_cli_together
 
 EXPECTED_TABLES = {
     "webhook_destination",
@@ -50,19 +47,8 @@ def test_migrate_from_empty_then_again_is_a_no_op(empty_database_url, cli_env):
 
 def test_two_concurrent_migrations_leave_one_correct_schema(empty_database_url, cli_env):
     env = dict(cli_env, MEDIA_HOOKS_DATABASE_URL=empty_database_url)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "media_hooks.cli", "db", "migrate"],
-            env=env,
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(2)
-    ]
-    results = [p.communicate(timeout=120) + (p.returncode,) for p in procs]
-    assert [rc for _, _, rc in results] == [0, 0], results
+    results = run_cli_together("db", "migrate", env=env)
+    assert [r.returncode for r in results] == [0, 0], [r.stderr for r in results]
     assert EXPECTED_TABLES <= _tables(empty_database_url)
     assert len(_ledger(empty_database_url)) == len(sqlfiles.migrations())
 

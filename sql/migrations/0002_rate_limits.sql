@@ -99,21 +99,11 @@ DECLARE
     rate_bound boolean;
     rate_wait double precision := 0;
     slot_wait double precision := 0;
-    released integer := 0;
-    slot integer;
 BEGIN
-    lim := media_hooks_lock_limiter_v1(p_destination_id);
-    FOREACH slot IN ARRAY coalesce(p_release, '{}') LOOP
-        IF lim.slot_holder[slot] = holder_key AND lim.slot_until[slot] IS NOT NULL THEN
-            lim.slot_until[slot] := NULL;
-            lim.slot_holder[slot] := NULL;
-            released := released + 1;
-        END IF;
-    END LOOP;
-    IF released > 0 THEN
-        UPDATE destination_limiter l SET slot_until = lim.slot_until, slot_holder = lim.slot_holder
-         WHERE l.destination_id = p_destination_id;
+    IF cardinality(p_release) > 0 THEN
+        PERFORM media_hooks_release_permits_v1(p_destination_id, p_release, p_holder);
     END IF;
+    lim := media_hooks_lock_limiter_v1(p_destination_id);
     -- Read after the lock, with a fresh snapshot: a grant sees every earlier grant, release and
     -- pause, and its clock is later than theirs.
     SELECT * INTO dest FROM webhook_destination d WHERE d.destination_id = p_destination_id;

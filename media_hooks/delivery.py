@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import (
     ALL_COMPLETED,
     FIRST_COMPLETED,
@@ -82,6 +82,20 @@ class DeliveryCounts:
             self.retried += 1
         if outcome == outcomes.AMBIGUOUS:
             self.ambiguous += 1
+
+
+def tally(
+    results: Iterable[tuple[str, DeliveryCounts]],
+) -> tuple[DeliveryCounts, dict[str, DeliveryCounts]]:
+    """Totals and per-destination counts of batch results given as (destination_id, counts)."""
+    totals = DeliveryCounts()
+    by_destination: dict[str, DeliveryCounts] = {}
+    for destination_id, counts in results:
+        totals = totals.merge(counts)
+        by_destination[destination_id] = by_destination.get(destination_id, DeliveryCounts()).merge(
+            counts
+        )
+    return totals, by_destination
 
 
 def lease_seconds_for(destination: Destination, sender: Sender, settings: Settings) -> float:

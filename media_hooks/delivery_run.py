@@ -6,24 +6,24 @@ timer, a script, a benchmark or a test ("keep cron replaceable").
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from psycopg_pool import ConnectionPool
 
 from media_hooks import sweeps
 from media_hooks.cohort import Cohort
 from media_hooks.config import Settings
-from media_hooks.delivery import DeliveryCounts, deliver_batches
+from media_hooks.delivery import DeliveryCounts, deliver_batches, tally
 from media_hooks.reconciler import ClaimFigures, claim_due, plan_batches
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunReport:
     run_id: str
     sweeps: sweeps.SweepFigures
     claim: ClaimFigures
-    totals: DeliveryCounts = field(default_factory=DeliveryCounts)
-    by_destination: dict[str, DeliveryCounts] = field(default_factory=dict)
+    totals: DeliveryCounts
+    by_destination: dict[str, DeliveryCounts]
 
 
 def deliver_due(
@@ -42,9 +42,8 @@ def deliver_due(
         swept = sweeps.run_sweeps(conn, settings)
         claim = claim_due(conn, run_id, cohort or Cohort(), page_size=page_size, max_rows=max_rows)
         batches = plan_batches(conn, run_id, batch_size=batch_size)
-    report = RunReport(run_id=run_id, sweeps=swept, claim=claim)
-    for batch, counts in deliver_batches(pool, run_id, batches, settings, **delivery_options):
-        report.totals = report.totals.merge(counts)
-        previous = report.by_destination.get(batch.destination_id, DeliveryCounts())
-        report.by_destination[batch.destination_id] = previous.merge(counts)
-    return report
+    totals, by_destination = tally(
+        (batch.destination_id, counts)
+        for batch, counts in deliver_batches(pool, run_id, batches, settings, **delivery_options)
+    )
+    return RunReport(run_id, swept, claim, totals, by_destination)

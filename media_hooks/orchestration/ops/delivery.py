@@ -20,7 +20,7 @@ from dagster import (
 )
 
 from media_hooks import figures, reconciler, requeue, sweeps
-from media_hooks.delivery import DeliveryCounts, deliver_batch
+from media_hooks.delivery import DeliveryCounts, deliver_batch, tally
 from media_hooks.orchestration.config import DeliverConfig
 from media_hooks.orchestration.metadata import (
     cohort_tags,
@@ -209,16 +209,10 @@ class RunSummary:
 
 
 def summarize(run_id: str, claimed: Claimed, results: list[BatchResult]) -> RunSummary:
-    per_destination: dict[str, DeliveryCounts] = {}
+    totals, per_destination = tally((r.destination_id, DeliveryCounts(**r.counts)) for r in results)
     sizes: dict[str, int] = {}
     for result in results:
-        counts = DeliveryCounts(**result.counts)
-        previous = per_destination.get(result.destination_id, DeliveryCounts())
-        per_destination[result.destination_id] = previous.merge(counts)
         sizes[result.destination_id] = sizes.get(result.destination_id, 0) + result.size
-    totals = DeliveryCounts()
-    for counts in per_destination.values():
-        totals = totals.merge(counts)
     return RunSummary(
         run_id=run_id,
         claimed=claimed.claimed,

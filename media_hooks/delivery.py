@@ -197,16 +197,32 @@ class _BatchWorker:
 
     # Sending -----------------------------------------------------------------------------
 
-    def _start(self, executor: ThreadPoolExecutor, grant: rate_limits.Grant) -> None:
-        chosen = [self.waiting.popleft() for _ in range(min(grant.granted, len(self.waiting)))]
-        taken = leases.lease(self.conn, self.run_id, chosen, self.lease_seconds)
-        self.counts.skipped += len(chosen) - len(taken)
+    def _step(self, executor: ThreadPoolExecutor) -> rate_limits.Grant:
+        """Take permits and lease that many waiting messages (one round trip), and send them."""
+        free = self.destination.max_in_flight - len(self.in_flight)
+        offered = [self.waiting[i] for i in range(min(free, len(self.waiting)))]
+        if not offered:
+            return rate_limits.Grant()
+        returned, self.returned_slots = self.returned_slots, []
+        grant, taken = leases.lease_with_permits(
+            self.conn,
+            self.run_id,
+            self.destination.destination_id,
+            offered,
+            holder=self.holder,
+            lease_seconds=self.lease_seconds,
+            release_slots=returned,
+        )
+        for _ in range(grant.granted):
+            self.waiting.popleft()
+        self.counts.skipped += grant.granted - len(taken)
         self.returned_slots.extend(grant.slots[len(taken) :])
         if taken:
             crashpoints.hit(crashpoints.AFTER_LEASE_BEFORE_REQUEST)
         for lease, slot in zip(taken, grant.slots, strict=False):
             future = executor.submit(self.sender.send, lease.delivery_id, lease.body)
             self.in_flight[future] = (lease, slot)
+        return grant
 
     def _collect(self, timeout: float | None) -> None:
         """Wait for at least one request to finish (or ``timeout``) and take what finished.
@@ -302,21 +318,6 @@ class _BatchWorker:
 
     # The loop ----------------------------------------------------------------------------
 
-    def _ask(self) -> rate_limits.Grant:
-        free = self.destination.max_in_flight - len(self.in_flight)
-        want = min(free, len(self.waiting))
-        if want <= 0:
-            return rate_limits.Grant()
-        returned, self.returned_slots = self.returned_slots, []
-        return rate_limits.acquire(
-            self.conn,
-            self.destination.destination_id,
-            want,
-            self.holder,
-            self.lease_seconds,
-            release_slots=returned,
-        )
-
     def _should_give_up(self, grant: rate_limits.Grant) -> bool:
         if grant.reason == "disabled":
             return True
@@ -344,10 +345,9 @@ class _BatchWorker:
             self._refill()
             if not self.waiting and not self.in_flight:
                 return
-            grant = self._ask()
+            grant = self._step(executor)
             if grant.granted:
                 self.wait_started = None
-                self._start(executor, grant)
                 continue
             if self.waiting and not self.in_flight and self._should_give_up(grant):
                 self._defer_rest(grant)

@@ -12,6 +12,7 @@ from datetime import datetime
 
 import psycopg
 
+from media_hooks import rate_limits
 from media_hooks.sqlfiles import query
 
 
@@ -86,17 +87,56 @@ def lease(
             "message_ids": [m.message_id for m in messages],
         },
     ).fetchall()
-    return [
-        Lease(
-            r["delivery_id"],
-            r["message_id"],
-            r["lease_token"],
-            r["attempt_no"],
-            r["budget_used"],
-            bytes(r["body"]),
-        )
-        for r in rows
-    ]
+    return [_lease(r) for r in rows]
+
+
+def _lease(row: dict) -> Lease:
+    return Lease(
+        row["delivery_id"],
+        row["message_id"],
+        row["lease_token"],
+        row["attempt_no"],
+        row["budget_used"],
+        bytes(row["body"]),
+    )
+
+
+def lease_with_permits(
+    conn: psycopg.Connection,
+    run_id: str,
+    destination_id: str,
+    offered: list[Message],
+    *,
+    holder: str,
+    lease_seconds: float,
+    release_slots: list[int],
+) -> tuple[rate_limits.Grant, list[Lease]]:
+    """One round trip: return ``release_slots``, take up to ``len(offered)`` permits, and
+    lease that many of ``offered`` (the first ones). Permits the leases did not use (their
+    message was stale) come back in the grant beyond the leases' count."""
+    rows = conn.execute(
+        query("lease_with_permits"),
+        {
+            "destination_id": destination_id,
+            "want": len(offered),
+            "holder": holder,
+            "hold_seconds": lease_seconds,
+            "slot_poll_seconds": rate_limits.SLOT_POLL_SECONDS,
+            "disabled_poll_seconds": rate_limits.DISABLED_POLL_SECONDS,
+            "release_slots": release_slots,
+            "run_id": run_id,
+            "delivery_ids": [m.delivery_id for m in offered],
+            "message_ids": [m.message_id for m in offered],
+        },
+    ).fetchall()
+    first = rows[0]
+    grant = rate_limits.Grant(
+        slots=list(first["slots"]),
+        retry_in=float(first["retry_in"]),
+        reason=first["reason"],
+        granted_at=first["granted_at"],
+    )
+    return grant, [_lease(r) for r in rows if r["delivery_id"] is not None]
 
 
 def record(conn: psycopg.Connection, outcomes: list[Outcome]) -> dict[str, str]:

@@ -181,3 +181,54 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
        AND (created_after IS NULL OR delivery.created_at >= created_after)
        AND (created_before IS NULL OR delivery.created_at < created_before)
 $$;
+
+-- The lease transition, as a function so that the worker can take its permits and lease in
+-- one statement (sql/queries/leases.sql: lease_deliveries, lease_with_permits). Leases the
+-- offered messages whose delivery they still are the current dispatch of, opening each one's
+-- attempt row before any request is sent.
+-- keeps: invariant 4 (a fresh lease_token fences every later update; succeeded and dead rows
+--   are never leased), invariant 3 (the attempt row records the start, so a worker that dies
+--   leaves evidence), invariant 5 (only scheduling metadata changes).
+CREATE FUNCTION media_hooks_lease_v1(
+    p_run_id text,
+    p_delivery_ids text[],
+    p_message_ids text[],
+    p_lease_seconds double precision
+)
+RETURNS TABLE (delivery_id text, message_id text, lease_token uuid, attempt_no integer,
+               budget_used integer, body bytea)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH wanted AS (
+        SELECT *
+        FROM unnest(p_delivery_ids, p_message_ids) AS w(delivery_id, message_id)
+    ),
+    leased AS (
+        UPDATE webhook_delivery AS d
+        SET state = 'leased',
+            lease_token = gen_random_uuid(),
+            lease_until = now() + make_interval(secs => p_lease_seconds),
+            attempt_count = d.attempt_count + 1,
+            budget_used = d.budget_used + 1,
+            updated_at = now()
+        FROM wanted
+        WHERE d.delivery_id = wanted.delivery_id
+          AND d.current_message_id = wanted.message_id
+          AND (d.state = 'enqueued'
+               OR (d.state = 'pending' AND d.next_attempt_at <= now())
+               OR (d.state = 'leased' AND d.lease_until < now()))
+        RETURNING d.delivery_id, d.destination_id, d.current_message_id AS message_id,
+                  d.lease_token, d.attempt_count AS attempt_no, d.budget_used, d.body
+    ),
+    opened AS (
+        INSERT INTO delivery_attempt
+            (delivery_id, attempt_no, destination_id, message_id, run_id, lease_token)
+        SELECT l.delivery_id, l.attempt_no, l.destination_id, l.message_id, p_run_id, l.lease_token
+        FROM leased AS l
+    )
+    SELECT l.delivery_id, l.message_id, l.lease_token, l.attempt_no, l.budget_used, l.body
+    FROM leased AS l;
+END;
+$$;

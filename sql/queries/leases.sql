@@ -23,37 +23,33 @@ RETURNING o.message_id, o.delivery_id;
 -- name: lease_deliveries
 -- description: Lease published messages for one attempt each, only while the message is the
 --   delivery's current dispatch, and open their attempt rows before any request is sent.
--- keeps: invariant 4 (a fresh lease_token fences every later update; succeeded and dead rows
---   are never leased), invariant 3 (the attempt row records the start, so a worker that dies
---   leaves evidence), invariant 5 (only scheduling metadata changes).
-WITH wanted AS (
+-- keeps: invariants 3, 4 and 5 (media_hooks_lease_v1, migration 0001).
+SELECT *
+FROM media_hooks_lease_v1(%(run_id)s, %(delivery_ids)s, %(message_ids)s, %(lease_seconds)s);
+
+-- name: lease_with_permits
+-- description: The worker's step, in one round trip: hand back finished permits, take up to
+--   want new ones from the destination's global limits, and lease as many of the offered
+--   messages as permits were granted (the first ones). One row per lease, each carrying the
+--   grant; a single row with empty lease columns when nothing was leased.
+-- keeps: the rate limits (no lease without a permit, so no lease waits for one) and
+--   invariants 3, 4 and 5 (media_hooks_lease_v1).
+WITH permit AS MATERIALIZED (
     SELECT *
-    FROM unnest(%(delivery_ids)s::text[], %(message_ids)s::text[]) AS w(delivery_id, message_id)
-),
-leased AS (
-    UPDATE webhook_delivery AS d
-    SET state = 'leased',
-        lease_token = gen_random_uuid(),
-        lease_until = now() + make_interval(secs => %(lease_seconds)s),
-        attempt_count = d.attempt_count + 1,
-        budget_used = d.budget_used + 1,
-        updated_at = now()
-    FROM wanted
-    WHERE d.delivery_id = wanted.delivery_id
-      AND d.current_message_id = wanted.message_id
-      AND (d.state = 'enqueued'
-           OR (d.state = 'pending' AND d.next_attempt_at <= now())
-           OR (d.state = 'leased' AND d.lease_until < now()))
-    RETURNING d.delivery_id, d.destination_id, d.current_message_id AS message_id,
-              d.lease_token, d.attempt_count AS attempt_no, d.budget_used, d.body
-),
-opened AS (
-    INSERT INTO delivery_attempt (delivery_id, attempt_no, destination_id, message_id, run_id, lease_token)
-    SELECT delivery_id, attempt_no, destination_id, message_id, %(run_id)s, lease_token
-    FROM leased
+    FROM media_hooks_acquire_permits_v1(
+        %(destination_id)s, %(want)s, %(holder)s, %(hold_seconds)s,
+        %(slot_poll_seconds)s, %(disabled_poll_seconds)s, %(release_slots)s)
 )
-SELECT delivery_id, message_id, lease_token, attempt_no, budget_used, body
-FROM leased;
+SELECT permit.slots, permit.granted_at, permit.retry_in, permit.reason,
+       leased.delivery_id, leased.message_id, leased.lease_token, leased.attempt_no,
+       leased.budget_used, leased.body
+FROM permit
+LEFT JOIN LATERAL media_hooks_lease_v1(
+    %(run_id)s,
+    (%(delivery_ids)s::text[])[1:cardinality(permit.slots)],
+    (%(message_ids)s::text[])[1:cardinality(permit.slots)],
+    %(hold_seconds)s
+) AS leased ON true;
 
 -- name: record_outcomes
 -- description: Record the outcomes of leased attempts and move each delivery to its next state

@@ -22,31 +22,8 @@ import shutil
 import tempfile
 import time
 
-import psycopg
 from fast_receiver import fast_receiver
-from scratch import scratch_database, write_results
-
-SEED_DESTINATIONS = """
-INSERT INTO webhook_destination (destination_id, url, rate_per_second, burst, max_in_flight)
-SELECT 'dest-' || n, %(url)s || 'dest-' || n, 1e6, 10000, %(in_flight)s
-FROM generate_series(1, %(destinations)s) AS n
-"""
-SEED_DELIVERIES = """
-INSERT INTO webhook_delivery (delivery_id, destination_id, asset_id, event_type, payload, body)
-SELECT %(prefix)s || g, 'dest-' || (1 + g %% %(destinations)s), 'asset-' || g,
-       'transcode.completed', jsonb_build_object('n', g),
-       convert_to(json_build_object('type', 'transcode.completed', 'asset_id', 'asset-' || g,
-                  'data', json_build_object('n', g))::text, 'UTF8')
-FROM generate_series(1, %(rows)s) AS g
-"""
-
-
-def seed(url: str, prefix: str, rows: int, destinations: int) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            SEED_DELIVERIES, {"prefix": prefix, "rows": rows, "destinations": destinations}
-        )
-        conn.execute("VACUUM ANALYZE")
+from scratch import add_due_deliveries, add_unlimited_destinations, scratch_database, write_results
 
 
 def timed_job_run(instance, config: dict, max_concurrent: int) -> tuple[float, object]:
@@ -105,27 +82,19 @@ def main() -> None:
         shutil.copyfile(instance_module.INSTANCE_TEMPLATE, os.path.join(home, "dagster.yaml"))
         from dagster import DagsterInstance
 
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(
-                SEED_DESTINATIONS,
-                {
-                    "url": receiver_url,
-                    "in_flight": args.in_flight,
-                    "destinations": args.destinations,
-                },
-            )
+        add_unlimited_destinations(url, receiver_url, args.destinations, args.in_flight)
         with DagsterInstance.from_config(home) as instance:
-            seed(url, "one-cold-", 1, 1)
+            add_due_deliveries(url, "one-cold-", 1, 1)
             cold, _ = timed_job_run(instance, {}, steps)
-            seed(url, "one-warm-", 1, 1)
+            add_due_deliveries(url, "one-warm-", 1, 1)
             warm, _ = timed_job_run(instance, {}, steps)
 
-            seed(url, "job-", args.rows, args.destinations)
+            add_due_deliveries(url, "job-", args.rows, args.destinations)
             job_seconds, run = timed_job_run(instance, {"page_size": 1000}, steps)
             assert run.summary.totals["succeeded"] == args.rows, run.summary.totals
             job = args.rows / job_seconds
 
-            seed(url, "engine-", args.rows, args.destinations)
+            add_due_deliveries(url, "engine-", args.rows, args.destinations)
             engine = engine_rate(url, args.rows, args.destinations)
     shutil.rmtree(home, ignore_errors=True)
     figures = {

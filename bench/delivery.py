@@ -18,25 +18,11 @@ import time
 import psycopg
 import requests
 from fast_receiver import fast_receiver
-from scratch import scratch_database, write_results
+from scratch import add_due_deliveries, add_unlimited_destinations, scratch_database, write_results
 
 from media_hooks import db
 from media_hooks.config import Settings
 from media_hooks.delivery_run import deliver_due
-
-SEED = """
-INSERT INTO webhook_destination (destination_id, url, rate_per_second, burst, max_in_flight)
-SELECT 'dest-' || n, %(url)s || 'dest-' || n, 1e6, 10000, %(in_flight)s
-FROM generate_series(1, %(destinations)s) AS n
-"""
-SEED_DELIVERIES = """
-INSERT INTO webhook_delivery (delivery_id, destination_id, asset_id, event_type, payload, body)
-SELECT 'bench-' || g, 'dest-' || (1 + g %% %(destinations)s), 'asset-' || g, 'transcode.completed',
-       jsonb_build_object('n', g, 'rendition', '1080p'),
-       convert_to(json_build_object('type', 'transcode.completed', 'asset_id', 'asset-' || g,
-                  'data', json_build_object('n', g, 'rendition', '1080p'))::text, 'UTF8')
-FROM generate_series(1, %(rows)s) AS g
-"""
 
 
 def bare_loop(url: str, bodies: list[bytes]) -> float:
@@ -60,16 +46,9 @@ def main() -> None:
     args = parser.parse_args()
     settings = dataclasses.replace(Settings.from_env(), allow_private_urls=True)
     with fast_receiver() as receiver_url, scratch_database() as url:
+        add_unlimited_destinations(url, receiver_url, args.destinations, args.in_flight)
+        add_due_deliveries(url, "bench-", args.rows, args.destinations)
         with psycopg.connect(url, autocommit=True) as conn:
-            params = {
-                "url": receiver_url,
-                "in_flight": args.in_flight,
-                "destinations": args.destinations,
-                "rows": args.rows,
-            }
-            conn.execute(SEED, params)
-            conn.execute(SEED_DELIVERIES, params)
-            conn.execute("VACUUM ANALYZE")
             bodies = [
                 bytes(r[0])
                 for r in conn.execute("SELECT body FROM webhook_delivery LIMIT 3000").fetchall()

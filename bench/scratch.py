@@ -51,6 +51,38 @@ def scratch_database(prefix: str = "mh_bench") -> Iterator[str]:
             )
 
 
+SEED_DESTINATIONS = """
+INSERT INTO webhook_destination (destination_id, url, rate_per_second, burst, max_in_flight)
+SELECT 'dest-' || n, %(url)s || 'dest-' || n, 1e6, 10000, %(in_flight)s
+FROM generate_series(1, %(destinations)s) AS n
+"""
+SEED_DELIVERIES = """
+INSERT INTO webhook_delivery (delivery_id, destination_id, asset_id, event_type, payload, body)
+SELECT %(prefix)s || g, 'dest-' || (1 + g %% %(destinations)s), 'asset-' || g,
+       'transcode.completed', jsonb_build_object('n', g, 'rendition', '1080p'),
+       convert_to(json_build_object('type', 'transcode.completed', 'asset_id', 'asset-' || g,
+                  'data', json_build_object('n', g, 'rendition', '1080p'))::text, 'UTF8')
+FROM generate_series(1, %(rows)s) AS g
+"""
+
+
+def add_unlimited_destinations(url: str, receiver_url: str, count: int, in_flight: int) -> None:
+    """Destinations dest-1..dest-N on ``receiver_url`` whose start rate never binds."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            SEED_DESTINATIONS, {"url": receiver_url, "in_flight": in_flight, "destinations": count}
+        )
+
+
+def add_due_deliveries(url: str, prefix: str, rows: int, destinations: int) -> None:
+    """``rows`` due deliveries spread evenly over dest-1..dest-N, then fresh statistics."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            SEED_DELIVERIES, {"prefix": prefix, "rows": rows, "destinations": destinations}
+        )
+        conn.execute("VACUUM ANALYZE")
+
+
 def machine() -> dict[str, Any]:
     return {
         "python": sys.version.split()[0],

@@ -5,9 +5,15 @@ safe to call from the destination's worker threads at once. It never raises for 
 delivery: every answer, timeout or refused connection comes back as an ``AttemptResult``
 classified by ``media_hooks.outcomes``.
 
-Two costs requests would otherwise pay on every request are paid once, at construction: the
-proxy lookup from the environment (it halves throughput to a local receiver) and the CA bundle
-lookup. Users behind an egress proxy still get their proxy; only its lookup is hoisted.
+What requests would otherwise redo on every request is done once, at construction: the proxy
+lookup from the environment (it halves throughput to a local receiver), the CA bundle lookup,
+and the request's preparation (URL parsing, the session's default headers). Each send copies
+that prepared request, adds its own headers and body, and hands it straight to the session's
+transport adapter: the session-level layer above it only merges settings already merged,
+dispatches hooks there are none of, and keeps cookies, which a delivery must not carry to the
+next one (the session's cookie jar is never filled). Together this
+is about 1.5x the throughput of ``Session.post`` in one thread (``bench/http_send.py``). Users behind an
+egress proxy still get their proxy; only its lookup is hoisted.
 
 The SSRF guard runs on the address actually connected to, after DNS resolution, before a byte
 is sent: a name that was public when the destination was added may resolve to a private
@@ -17,7 +23,6 @@ there the destination's name is resolved and checked before each request instead
 
 from __future__ import annotations
 
-import http.cookiejar
 import os
 import socket
 import time
@@ -138,6 +143,8 @@ class Sender:
         self.timeout_seconds = timeout_seconds
         self._secrets = tuple(secrets)
         self._session = self._build_session(url, allow_private, max_in_flight)
+        self._adapter = self._session.get_adapter(url)
+        self._template = self._session.prepare_request(requests.Request("POST", url))
         proxied = requests.utils.select_proxy(url, self._session.proxies) is not None
         self._check_name_each_send = not allow_private and proxied
 
@@ -160,8 +167,6 @@ class Sender:
             os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
         )
         session.headers["User-Agent"] = USER_AGENT
-        # A receiver's cookies must not ride along on other deliveries.
-        session.cookies.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
         size = max(1, max_in_flight)
         adapter_cls = requests.adapters.HTTPAdapter if allow_private else _GuardedAdapter
         adapter = adapter_cls(pool_connections=1, pool_maxsize=size, max_retries=0)
@@ -181,6 +186,16 @@ class Sender:
             headers["webhook-signature"] = sign(self._secrets, delivery_id, timestamp, body)
         return headers
 
+    def _prepare(self, delivery_id: str, body: bytes) -> requests.PreparedRequest:
+        """This delivery's request: the prepared template with its headers and body.
+
+        The adapter never follows redirects (a 3xx is the receiver's answer, CONTRACT.md).
+        """
+        prepared = self._template.copy()
+        prepared.headers.update(self._headers(delivery_id, body))
+        prepared.prepare_body(body, None)
+        return prepared
+
     def send(self, delivery_id: str, body: bytes) -> AttemptResult:
         """One attempt: POST the body, classify the answer. Never raises for a failed send."""
         started_at = _now()
@@ -188,13 +203,12 @@ class Sender:
         try:
             if self._check_name_each_send:
                 ssrf.check_url(self.url, allow_private=False)
-            response = self._session.post(
-                self.url,
-                data=body,
-                headers=self._headers(delivery_id, body),
-                allow_redirects=False,
-                timeout=(self.timeout_seconds, self.timeout_seconds),
+            response = self._adapter.send(
+                self._prepare(delivery_id, body),
                 stream=True,
+                timeout=(self.timeout_seconds, self.timeout_seconds),
+                verify=self._session.verify,
+                proxies=self._session.proxies,
             )
         except (requests.RequestException, ssrf.ForbiddenAddress) as exc:
             failure = outcomes.classify_failure(exc)

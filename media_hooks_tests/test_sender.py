@@ -220,6 +220,32 @@ def test_keep_alive_reuses_one_connection(receiver) -> None:
     assert rx.connections_opened == 1
 
 
+def test_a_receivers_cookie_never_rides_along_on_the_next_delivery(receiver) -> None:
+    rx = receiver(reply=Reply(200, headers={"Set-Cookie": "session=abc; Path=/"}))
+    with sender_for(rx.url) as sender:
+        sender.send("dlv_first", BODY)
+        sender.send("dlv_second", BODY)
+    assert [r.headers.get("cookie") for r in rx.requests] == [None, None]
+
+
+def test_each_send_is_its_own_request_from_the_shared_template(receiver) -> None:
+    """The prepared request is copied per send: no header or body leaks into the next one."""
+    secret = new_secret()
+    rx = receiver(secrets=[secret])
+    with sender_for(rx.url, [secret]) as sender:
+        sender.send("dlv_a", BODY)
+        sender.send("dlv_b", b"{}")
+    first, second = rx.requests
+    assert (first.webhook_id, first.body) == ("dlv_a", BODY)
+    assert (second.webhook_id, second.body, second.headers["content-length"]) == (
+        "dlv_b",
+        b"{}",
+        "2",
+    )
+    assert first.verified and second.verified
+    assert first.headers["user-agent"] == second.headers["user-agent"] == "media-hooks/0.1"
+
+
 def test_concurrent_sends_from_threads(receiver) -> None:
     rx = receiver(reply=Reply(delay_seconds=0.01))
     outcomes: list[str] = []

@@ -108,3 +108,97 @@ def test_hot_statement_uses_indexes(loaded, name):
     (plan,) = loaded.execute(statement.encode(), STATEMENTS[name]()).fetchone()["QUERY PLAN"]
     print(f"\n{name}:\n{json.dumps(plan['Plan'], indent=1)[:4000]}")
     assert _seq_scans(plan["Plan"]) == []
+
+
+def _delivery_indexes(plan: dict) -> set[str]:
+    """How each node reads webhook_delivery: index names, or 'Seq Scan'."""
+    found = set()
+    if plan.get("Relation Name") == "webhook_delivery" and "Scan" in plan["Node Type"]:
+        found.add(plan.get("Index Name") or plan["Node Type"])
+    for child in plan.get("Plans", []):
+        found |= _delivery_indexes(child)
+    return found
+
+
+@pytest.fixture(scope="module")
+def stale(server_url, template_name):
+    """Statistics taken while every delivery was pending; then all are claimed and half leased.
+
+    Right after a claim the planner believes almost nothing is enqueued or leased. A statement
+    that tests the state where it should look rows up by key would then walk the partial
+    state indexes, every enqueued or leased row once per row it wants (this made recording
+    outcomes 20 times slower per row in bench/delivery.py).
+    """
+    name = create_database(server_url, template=template_name)
+    with psycopg.connect(
+        with_database(server_url, name), autocommit=True, row_factory=dict_row
+    ) as conn:
+        conn.execute("ALTER TABLE webhook_delivery SET (autovacuum_enabled = false)")
+        add_destination(conn, "cdn")
+        add_deliveries(conn, "cdn", 20_000)
+        conn.execute("VACUUM ANALYZE webhook_delivery")
+        claim_due(conn, "run-1", Cohort(), page_size=5000)
+        offered = conn.execute(
+            "SELECT array_agg(delivery_id) AS d, array_agg(current_message_id) AS m FROM "
+            "(SELECT delivery_id, current_message_id FROM webhook_delivery ORDER BY delivery_id LIMIT 10000) AS half"
+        ).fetchone()
+        conn.execute(
+            "SELECT count(*) FROM media_hooks_lease_v1('run-1', %s, %s, 90)",
+            (offered["d"], offered["m"]),
+        )
+        yield conn
+    drop_database(server_url, name)
+
+
+def test_outcomes_are_recorded_by_key_whatever_the_statistics_say(stale):
+    leased = stale.execute(
+        "SELECT delivery_id, lease_token FROM webhook_delivery WHERE state = 'leased' LIMIT 25"
+    ).fetchall()
+    params = STATEMENTS["record_outcomes"]()
+    params = {k: v[:25] for k, v in params.items()}
+    params["delivery_ids"] = [r["delivery_id"] for r in leased]
+    params["lease_tokens"] = [r["lease_token"] for r in leased]
+    statement = f"EXPLAIN (FORMAT JSON) {query('record_outcomes')}"
+    (plan,) = stale.execute(statement.encode(), params).fetchone()["QUERY PLAN"]
+    assert _delivery_indexes(plan["Plan"]) == {"webhook_delivery_pkey"}
+
+
+def test_the_lease_looks_deliveries_up_by_key_whatever_the_statistics_say(stale):
+    """The lease runs inside media_hooks_lease_v1: auto_explain shows the nested plan."""
+    plans: list[dict] = []
+
+    def collect(diagnostic: psycopg.errors.Diagnostic) -> None:
+        text = diagnostic.message_primary or ""
+        if "plan:" in text:
+            plans.append(json.loads(text.split("plan:", 1)[1]))
+
+    enqueued = stale.execute(
+        "SELECT delivery_id, current_message_id FROM webhook_delivery WHERE state = 'enqueued' LIMIT 4"
+    ).fetchall()
+    stale.add_notice_handler(collect)
+    try:
+        with stale.transaction(force_rollback=True):
+            for setting in (
+                "LOAD 'auto_explain'",
+                "SET LOCAL auto_explain.log_min_duration = 0",
+                "SET LOCAL auto_explain.log_nested_statements = on",
+                "SET LOCAL auto_explain.log_format = json",
+                "SET LOCAL auto_explain.log_level = notice",
+                "SET LOCAL client_min_messages = notice",
+            ):
+                stale.execute(setting)
+            leased = stale.execute(
+                query("lease_deliveries"),
+                {
+                    "run_id": "run-2",
+                    "lease_seconds": 90,
+                    "delivery_ids": [r["delivery_id"] for r in enqueued],
+                    "message_ids": [r["current_message_id"] for r in enqueued],
+                },
+            ).fetchall()
+    finally:
+        stale.remove_notice_handler(collect)
+    assert len(leased) == 4
+    nested = [p for p in plans if "WITH wanted AS" in p.get("Query Text", "")]
+    assert nested, [p.get("Query Text", "")[:80] for p in plans]
+    assert {i for p in nested for i in _delivery_indexes(p["Plan"])} == {"webhook_delivery_pkey"}

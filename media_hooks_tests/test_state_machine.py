@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from media_hooks import leases, rate_limits, sweeps
 from media_hooks.cohort import Cohort
@@ -318,3 +320,36 @@ def test_release_run_frees_the_send_permits_its_workers_held(conn):
 
     assert rate_limits.in_flight(conn, "cdn") == []
     assert rate_limits.acquire(conn, "rights", 1, "run-alive", hold_seconds=600).granted == 1
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("body", b"{}"),
+        ("payload", '{"other": 1}'),
+        ("asset_id", "asset-x"),
+        ("created_at", "2020-01-01"),
+    ],
+)
+def test_a_deliverys_identity_cannot_be_updated(conn, column, value):
+    """Invariant 2 is the database's: a payload revision is a new delivery_id."""
+    (message,) = _dispatch(conn)
+    with pytest.raises(psycopg.errors.CheckViolation, match="is immutable"):
+        conn.execute(
+            sql.SQL(
+                "UPDATE webhook_delivery SET state = 'pending', {} = %s WHERE delivery_id = %s"
+            ).format(sql.Identifier(column)),
+            (value, message.delivery_id),
+        )
+
+
+def test_a_lease_token_exists_only_while_leased(conn):
+    """The token alone fences an outcome, so no row outside 'leased' may keep one."""
+    (message,) = _dispatch(conn)
+    leases.lease(conn, "run-1", [message], lease_seconds=90)
+    with pytest.raises(psycopg.errors.CheckViolation, match="lease_only_while_leased"):
+        conn.execute(
+            "UPDATE webhook_delivery SET state = 'pending' WHERE delivery_id = %s",
+            (message.delivery_id,),
+        )
+    assert delivery(conn, message.delivery_id)["state"] == "leased"

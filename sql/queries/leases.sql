@@ -57,6 +57,10 @@ LEFT JOIN LATERAL media_hooks_lease_v1(
 -- keeps: invariant 4 (only the current lease holder moves the row: a late worker whose lease
 --   expired and was re-claimed matches nothing), invariant 5 (a retry changes next_attempt_at
 --   and counts, never identity), invariant 6 (the table owns the retry clock).
+-- The fence is the token alone: a delivery holds one only while leased (constraint
+-- lease_only_while_leased). Matching on the state as well would let the planner, whose
+-- statistics lag a backlog that just turned leased, scan every leased row of the destination
+-- for each outcome instead of looking each one up by its key.
 WITH result AS (
     SELECT *
     FROM unnest(%(delivery_ids)s::text[], %(lease_tokens)s::uuid[], %(outcomes)s::text[],
@@ -86,7 +90,7 @@ decided AS (
            END AS reason
     FROM result AS r
     JOIN webhook_delivery AS d
-      ON d.delivery_id = r.delivery_id AND d.state = 'leased' AND d.lease_token = r.lease_token
+      ON d.delivery_id = r.delivery_id AND d.lease_token = r.lease_token
     JOIN webhook_destination AS w ON w.destination_id = d.destination_id
     FOR UPDATE OF d
 ),
@@ -107,7 +111,6 @@ moved AS (
         updated_at = now()
     FROM decided
     WHERE d.delivery_id = decided.delivery_id
-      AND d.state = 'leased'
       AND d.lease_token = decided.lease_token
     RETURNING d.delivery_id, d.state, d.next_attempt_at, decided.attempt_no, decided.outcome,
               decided.http_status, decided.error, decided.excerpt, decided.reason,

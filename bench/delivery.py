@@ -5,7 +5,9 @@
 10 destinations without effective rate limits, one process. Reports deliveries/s of a whole
 run (sweeps, claim, relay, permits, leases, sends, outcome records) beside a bare
 ``requests.Session`` loop posting the same bodies to the same receiver in the same run
-(targets: at least 1,000 deliveries/s and at least 0.5x the bare loop). Writes
+(targets: at least 1,000 deliveries/s and at least 0.5x the bare loop). The engine runs with
+its default settings (``MEDIA_HOOKS_DELIVERY_CPU=auto``: a run's threads on one CPU) and again
+with ``off``, each on a fresh backlog, to show what the pinning is worth. Writes
 bench/results/delivery.json.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import time
 
 import psycopg
@@ -20,7 +23,7 @@ import requests
 from fast_receiver import fast_receiver
 from scratch import add_due_deliveries, add_unlimited_destinations, scratch_database, write_results
 
-from media_hooks import db
+from media_hooks import affinity, db
 from media_hooks.config import Settings
 from media_hooks.delivery_run import deliver_due
 
@@ -38,6 +41,16 @@ def bare_loop(url: str, bodies: list[bytes]) -> float:
     return len(bodies) / (time.perf_counter() - start)
 
 
+def run_engine(url: str, settings: Settings, rows: int, destinations: int) -> float:
+    """Deliveries/s of one whole run delivering ``rows`` due deliveries."""
+    with db.open_pool(url, max_size=destinations + 4) as pool:
+        start = time.perf_counter()
+        report = deliver_due(pool, "bench", settings, page_size=1000, batch_size=rows)
+        seconds = time.perf_counter() - start
+    assert report.totals.succeeded == rows, report.totals
+    return rows / seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=10_000)
@@ -45,29 +58,33 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=4)
     args = parser.parse_args()
     settings = dataclasses.replace(Settings.from_env(), allow_private_urls=True)
+    engine: dict[str, float] = {}
     with fast_receiver() as receiver_url, scratch_database() as url:
         add_unlimited_destinations(url, receiver_url, args.destinations, args.in_flight)
-        add_due_deliveries(url, "bench-", args.rows, args.destinations)
-        with psycopg.connect(url, autocommit=True) as conn:
-            bodies = [
-                bytes(r[0])
-                for r in conn.execute("SELECT body FROM webhook_delivery LIMIT 3000").fetchall()
-            ]
-        bare = bare_loop(receiver_url, bodies)
-        with db.open_pool(url, max_size=args.destinations + 4) as pool:
-            start = time.perf_counter()
-            report = deliver_due(pool, "bench", settings, page_size=1000, batch_size=args.rows)
-            seconds = time.perf_counter() - start
-        assert report.totals.succeeded == args.rows, report.totals
-        engine = args.rows / seconds
+        for cpu in (affinity.AUTO, affinity.OFF):
+            add_due_deliveries(url, f"bench-{cpu}-", args.rows, args.destinations)
+            if cpu == affinity.AUTO:
+                with psycopg.connect(url, autocommit=True) as conn:
+                    bodies = [
+                        bytes(r[0])
+                        for r in conn.execute(
+                            "SELECT body FROM webhook_delivery LIMIT 3000"
+                        ).fetchall()
+                    ]
+                bare = bare_loop(receiver_url, bodies)
+            engine[cpu] = run_engine(
+                url, dataclasses.replace(settings, delivery_cpu=cpu), args.rows, args.destinations
+            )
     figures = {
         "rows": args.rows,
         "destinations": args.destinations,
         "max_in_flight_per_destination": args.in_flight,
-        "engine_deliveries_per_s": round(engine),
+        "engine_deliveries_per_s": round(engine[affinity.AUTO]),
         "bare_requests_loop_per_s": round(bare),
-        "ratio_to_bare": round(engine / bare, 3),
-        "run_seconds": round(seconds, 2),
+        "ratio_to_bare": round(engine[affinity.AUTO] / bare, 3),
+        "engine_unpinned_deliveries_per_s": round(engine[affinity.OFF]),
+        "unpinned_ratio_to_bare": round(engine[affinity.OFF] / bare, 3),
+        "load_average_1min_after": round(os.getloadavg()[0], 2),
     }
     print(figures)
     print(f"written to {write_results('delivery', figures)}")

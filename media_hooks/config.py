@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from media_hooks import affinity
 from media_hooks.errors import UserError
 
 
@@ -31,6 +32,8 @@ class Settings:
     allow_private_urls: bool
     breaker_stretch_seconds: float = 86400.0
     breaker_min_attempts: int = 20
+    # Where a delivery's threads run: 'auto', 'off' or a CPU number (media_hooks.affinity).
+    delivery_cpu: str = affinity.AUTO
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -42,6 +45,7 @@ class Settings:
             allow_private_urls=os.environ.get("MEDIA_HOOKS_ALLOW_PRIVATE_URLS") == "1",
             breaker_stretch_seconds=_positive_float("MEDIA_HOOKS_BREAKER_SECONDS", 86400.0),
             breaker_min_attempts=int(_positive_float("MEDIA_HOOKS_BREAKER_MIN_ATTEMPTS", 20)),
+            delivery_cpu=affinity.parse(os.environ.get(affinity.ENV)),
         )
 
     @property

@@ -30,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from media_hooks import backoff, crashpoints, leases, outcomes, rate_limits
+from media_hooks import affinity, backoff, crashpoints, leases, outcomes, rate_limits
 from media_hooks.config import Settings
 from media_hooks.destinations import Destination, disable_destination, get_destination
 from media_hooks.leases import Lease, Message, Outcome
@@ -376,7 +376,10 @@ def deliver_batch(
     ``batch.run_id`` names the run whose outbox rows these are; it differs from ``run_id``
     when a run is re-executed (the re-execution sends what its parent dispatched).
     """
-    with pool.connection() as conn:
+    with (
+        affinity.pinned(affinity.resolve(settings.delivery_cpu)),
+        pool.connection() as conn,
+    ):
         conn.autocommit = True
         destination = get_destination(conn, batch.destination_id)
         with Sender(
@@ -411,9 +414,12 @@ def deliver_batches(
     if not batches:
         return
     with ThreadPoolExecutor(max_workers=len(batches), thread_name_prefix="batch") as executor:
-        futures: dict[Future, Batch] = {
-            executor.submit(deliver_batch, pool, run_id, batch, settings, **options): batch
-            for batch in batches
-        }
+        # Each submit starts a batch thread, which inherits the run's one CPU (and its
+        # senders after it); the calling thread gets its own affinity back.
+        with affinity.pinned(affinity.resolve(settings.delivery_cpu)):
+            futures: dict[Future, Batch] = {
+                executor.submit(deliver_batch, pool, run_id, batch, settings, **options): batch
+                for batch in batches
+            }
         for future in as_completed(futures):
             yield futures[future], future.result()

@@ -1,0 +1,113 @@
+"""A delivery's threads on one CPU (MEDIA_HOOKS_DELIVERY_CPU), and only its threads."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+
+import pytest
+
+from media_hooks import affinity
+from media_hooks.delivery_run import deliver_due
+from media_hooks.errors import UserError
+from media_hooks.receiver import Receiver
+from media_hooks.sender import Sender
+from media_hooks_tests.conftest import run_cli
+from media_hooks_tests.factories import add_deliveries, add_destination, states
+
+ALLOWED = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+several_cpus = pytest.mark.skipif(len(ALLOWED) < 2, reason="needs a process allowed 2 CPUs")
+
+
+@pytest.mark.parametrize(
+    ("raw", "value"), [(None, "auto"), ("", "auto"), (" OFF ", "off"), ("1", "1")]
+)
+def test_the_setting_is_auto_off_or_a_cpu_number(raw, value):
+    assert affinity.parse(raw) == value
+
+
+@pytest.mark.parametrize("raw", ["fast", "-1", "1.5", "0,1"])
+def test_any_other_setting_is_refused_by_name(raw):
+    with pytest.raises(UserError, match=r"MEDIA_HOOKS_DELIVERY_CPU must be 'auto', 'off' or a CPU"):
+        affinity.parse(raw)
+
+
+def test_off_leaves_threads_where_they_are():
+    assert affinity.resolve("off") is None
+
+
+@several_cpus
+def test_auto_picks_one_cpu_the_process_may_use():
+    assert affinity.resolve("auto") in ALLOWED
+
+
+@several_cpus
+def test_a_cpu_outside_the_allowed_set_is_refused():
+    outside = max(ALLOWED) + 1
+    with pytest.raises(UserError, match=f"MEDIA_HOOKS_DELIVERY_CPU={outside} is not a CPU"):
+        affinity.resolve(str(outside))
+
+
+@several_cpus
+def test_threads_started_inside_are_pinned_and_the_caller_gets_its_cpus_back():
+    cpu = min(ALLOWED)
+    seen: list[set[int]] = []
+
+    def record() -> None:
+        seen.append(os.sched_getaffinity(0))
+
+    bystander_seen: list[set[int]] = []
+    release = threading.Event()
+
+    def bystander() -> None:  # started before: keeps its own affinity
+        release.wait(10)
+        bystander_seen.append(os.sched_getaffinity(0))
+
+    before = threading.Thread(target=bystander)
+    before.start()
+    with affinity.pinned(cpu):
+        inside = threading.Thread(target=record)
+        inside.start()
+        inside.join()
+        release.set()
+    before.join()
+    after = threading.Thread(target=record)
+    after.start()
+    after.join()
+    assert seen == [{cpu}, ALLOWED]
+    assert bystander_seen == [ALLOWED]
+    assert os.sched_getaffinity(0) == ALLOWED
+
+
+@several_cpus
+@pytest.mark.parametrize("setting", ["auto", "off"])
+def test_a_run_sends_from_one_cpu_unless_told_not_to(conn, pool, settings, monkeypatch, setting):
+    seen: set[frozenset[int]] = set()
+    send = Sender.send
+
+    def observed(self, delivery_id, body):
+        seen.add(frozenset(os.sched_getaffinity(0)))
+        return send(self, delivery_id, body)
+
+    monkeypatch.setattr(Sender, "send", observed)
+    with Receiver() as receiver:
+        for name in ("cdn", "rights", "archive"):
+            add_destination(conn, name, url=receiver.url, rate_per_second=1000, burst=100)
+            add_deliveries(conn, name, 20, prefix=f"{name}-")
+        report = deliver_due(pool, "run-cpu", dataclasses.replace(settings, delivery_cpu=setting))
+    assert report.totals.succeeded == 60
+    assert states(conn) == {"succeeded": 60}
+    if setting == "auto":
+        assert len(seen) == 1 and len(next(iter(seen))) == 1  # one CPU, the same for every send
+    else:
+        assert seen == {frozenset(ALLOWED)}
+    assert os.sched_getaffinity(0) == ALLOWED
+
+
+def test_the_cli_refuses_a_bad_setting_in_one_line(cli_env):
+    done = run_cli("run", env={**cli_env, "MEDIA_HOOKS_DELIVERY_CPU": "fast"})
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.strip().count("\n") == 0
+    assert "MEDIA_HOOKS_DELIVERY_CPU must be 'auto', 'off' or a CPU number" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -11,9 +11,9 @@ and the request's preparation (URL parsing, the session's default headers). Each
 that prepared request, adds its own headers and body, and hands it straight to the session's
 transport adapter: the session-level layer above it only merges settings already merged,
 dispatches hooks there are none of, and keeps cookies, which a delivery must not carry to the
-next one (the session's cookie jar is never filled). Together this
-is about 1.5x the throughput of ``Session.post`` in one thread (``bench/http_send.py``). Users behind an
-egress proxy still get their proxy; only its lookup is hoisted.
+next one (the session's cookie jar is never filled). Together this is about 1.5x the
+throughput of ``Session.post`` in one thread (``bench/http_send.py``). Users behind an egress
+proxy still get their proxy; only its lookup is hoisted.
 
 The SSRF guard runs on the address actually connected to, after DNS resolution, before a byte
 is sent: a name that was public when the destination was added may resolve to a private

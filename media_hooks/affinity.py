@@ -10,9 +10,12 @@ The process gives up only what CPython does outside the interpreter in parallel 
 which is what ``off`` is for.
 
 Only a delivery's own threads are pinned, and only while it runs: the calling thread gets its
-affinity back afterwards, and threads it started before keep theirs. ``auto`` takes the CPU
-the delivery started on, where the scheduler placed it, so concurrent deliveries (Dagster's
-one process per batch) start spread out as the scheduler spread them.
+affinity back afterwards, and threads it started before keep theirs. ``auto`` pins a delivery
+that runs several batches in one process (the engine's ``deliver_due``) to the CPU it
+started on, where the scheduler placed it. It leaves a lone batch alone: Dagster's job runs
+each batch in a process of its own, several at once, and processes fixed each to one CPU
+cannot even out when the CPUs are oversubscribed (``bench/dagster_overhead.py``: the job
+delivered 600/s pinned against 750/s left to the scheduler). A CPU number pins both.
 """
 
 from __future__ import annotations
@@ -36,14 +39,15 @@ def parse(raw: str | None) -> str:
     raise UserError(f"{ENV} must be 'auto', 'off' or a CPU number, got {raw!r}")
 
 
-def resolve(setting: str) -> int | None:
-    """The CPU a delivery's threads run on, or None to leave them where they are."""
+def resolve(setting: str, *, batches: int) -> int | None:
+    """The CPU a delivery of ``batches`` batches in this process runs its threads on, or None
+    to leave them where they are."""
     if setting == OFF or not hasattr(os, "sched_setaffinity"):
         return None
     allowed = os.sched_getaffinity(0)
     if setting == AUTO:
-        if len(allowed) < 2:
-            return None  # already on one CPU (or pinned by an enclosing delivery)
+        if batches < 2 or len(allowed) < 2:
+            return None  # a lone batch, or already on one CPU (an enclosing delivery's)
         current = _current_cpu()
         return current if current in allowed else min(allowed)
     cpu = int(setting)

@@ -377,7 +377,7 @@ def deliver_batch(
     when a run is re-executed (the re-execution sends what its parent dispatched).
     """
     with (
-        affinity.pinned(affinity.resolve(settings.delivery_cpu)),
+        affinity.pinned(affinity.resolve(settings.delivery_cpu, batches=1)),
         pool.connection() as conn,
     ):
         conn.autocommit = True
@@ -416,7 +416,7 @@ def deliver_batches(
     with ThreadPoolExecutor(max_workers=len(batches), thread_name_prefix="batch") as executor:
         # Each submit starts a batch thread, which inherits the run's one CPU (and its
         # senders after it); the calling thread gets its own affinity back.
-        with affinity.pinned(affinity.resolve(settings.delivery_cpu)):
+        with affinity.pinned(affinity.resolve(settings.delivery_cpu, batches=len(batches))):
             futures: dict[Future, Batch] = {
                 executor.submit(deliver_batch, pool, run_id, batch, settings, **options): batch
                 for batch in batches

@@ -34,19 +34,24 @@ def test_any_other_setting_is_refused_by_name(raw):
 
 
 def test_off_leaves_threads_where_they_are():
-    assert affinity.resolve("off") is None
+    assert affinity.resolve("off", batches=10) is None
+
+
+def test_auto_leaves_a_lone_batch_to_the_scheduler():
+    """Dagster runs each batch in a process of its own: those are better left to move."""
+    assert affinity.resolve("auto", batches=1) is None
 
 
 @several_cpus
 def test_auto_picks_one_cpu_the_process_may_use():
-    assert affinity.resolve("auto") in ALLOWED
+    assert affinity.resolve("auto", batches=2) in ALLOWED
 
 
 @several_cpus
 def test_a_cpu_outside_the_allowed_set_is_refused():
     outside = max(ALLOWED) + 1
     with pytest.raises(UserError, match=f"MEDIA_HOOKS_DELIVERY_CPU={outside} is not a CPU"):
-        affinity.resolve(str(outside))
+        affinity.resolve(str(outside), batches=1)
 
 
 @several_cpus
@@ -81,8 +86,18 @@ def test_threads_started_inside_are_pinned_and_the_caller_gets_its_cpus_back():
 
 
 @several_cpus
-@pytest.mark.parametrize("setting", ["auto", "off"])
-def test_a_run_sends_from_one_cpu_unless_told_not_to(conn, pool, settings, monkeypatch, setting):
+@pytest.mark.parametrize(
+    ("setting", "destinations", "pinned"),
+    [
+        ("auto", 3, True),
+        ("off", 3, False),
+        ("auto", 1, False),
+        (str(min(ALLOWED, default=0)), 1, True),
+    ],
+)
+def test_a_run_sends_from_one_cpu_when_it_runs_several_batches_or_is_told_to(
+    conn, pool, settings, monkeypatch, setting, destinations, pinned
+):
     seen: set[frozenset[int]] = set()
     send = Sender.send
 
@@ -91,14 +106,15 @@ def test_a_run_sends_from_one_cpu_unless_told_not_to(conn, pool, settings, monke
         return send(self, delivery_id, body)
 
     monkeypatch.setattr(Sender, "send", observed)
+    names = ["cdn", "rights", "archive"][:destinations]
     with Receiver() as receiver:
-        for name in ("cdn", "rights", "archive"):
+        for name in names:
             add_destination(conn, name, url=receiver.url, rate_per_second=1000, burst=100)
             add_deliveries(conn, name, 20, prefix=f"{name}-")
         report = deliver_due(pool, "run-cpu", dataclasses.replace(settings, delivery_cpu=setting))
-    assert report.totals.succeeded == 60
-    assert states(conn) == {"succeeded": 60}
-    if setting == "auto":
+    assert report.totals.succeeded == 20 * destinations
+    assert states(conn) == {"succeeded": 20 * destinations}
+    if pinned:
         assert len(seen) == 1 and len(next(iter(seen))) == 1  # one CPU, the same for every send
     else:
         assert seen == {frozenset(ALLOWED)}

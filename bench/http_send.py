@@ -3,8 +3,9 @@
 Measures, in one run against the same fast receiver (bench/fast_receiver.py, its own process):
 a bare ``requests.Session`` POST loop with the environment's proxy lookup on every request
 (``trust_env`` True, requests' default) and without it; ``Sender.send`` in a loop (signed and
-unsigned) and from 4 threads; and, for scale, the bare loop against the in-process
-``media_hooks.receiver.Receiver`` (http.server), which is why the fast receiver exists.
+unsigned) and from 4 threads, spread over the CPUs and kept on one; and, for scale, the bare
+loop against the in-process ``media_hooks.receiver.Receiver`` (http.server), which is why the
+fast receiver exists.
 
     .venv/bin/python bench/http_send.py [--requests 4000]
 
@@ -28,6 +29,7 @@ from pathlib import Path
 import requests
 from fast_receiver import fast_receiver
 
+from media_hooks import affinity
 from media_hooks.receiver import Receiver
 from media_hooks.sender import Sender
 
@@ -97,10 +99,16 @@ def sender_loop(url: str, count: int, secrets: list[str]) -> float:
         return _rate(count, send)
 
 
-def sender_threads(url: str, count: int, threads: int, secrets: list[str]) -> float:
-    with Sender(
-        url, secrets, timeout_seconds=5, allow_private=True, max_in_flight=threads
-    ) as sender:
+def sender_threads(
+    url: str, count: int, threads: int, secrets: list[str], cpu: int | None = None
+) -> float:
+    """Requests/s of ``threads`` threads sharing one Sender; on one CPU when ``cpu`` is given."""
+    with (
+        affinity.pinned(cpu),
+        Sender(
+            url, secrets, timeout_seconds=5, allow_private=True, max_in_flight=threads
+        ) as sender,
+    ):
         for n in range(WARMUP):
             sender.send(f"warm_{n}", BODY)
         failures: list[object] = []
@@ -129,6 +137,10 @@ MEASUREMENTS: dict[str, Callable[[str, int], float]] = {
     "sender_unsigned_1_thread": lambda url, n: sender_loop(url, n, []),
     "sender_signed_1_thread": lambda url, n: sender_loop(url, n, [SECRET]),
     "sender_signed_4_threads": lambda url, n: sender_threads(url, n, 4, [SECRET]),
+    # What MEDIA_HOOKS_DELIVERY_CPU=auto is for: the same threads kept on one CPU.
+    "sender_signed_4_threads_one_cpu": lambda url, n: sender_threads(
+        url, n, 4, [SECRET], cpu=affinity.resolve(affinity.AUTO, batches=2)
+    ),
 }
 
 

@@ -3,11 +3,11 @@
 CPython runs one thread at a time, and delivery threads hand that turn over at every socket
 and database wait, several times per request. When the threads are spread over several CPUs,
 each hand-over wakes a thread on another CPU. Against a fast receiver that costs about as much
-CPU as the requests themselves: ``bench/delivery.py`` on 2 CPUs measured about 900
-deliveries/s unpinned and 1,200-1,500 pinned, and ten threads posting in a loop took 0.63 ms of
-CPU per request spread out against 0.33 ms on one CPU. On one CPU the hand-overs stay local.
-The process gives up only what CPython does outside the interpreter in parallel (TLS, libpq),
-which is what ``off`` is for.
+CPU as the requests themselves. On 2 CPUs, ``bench/http_send.py`` measured four threads
+sharing a sender at 2,060 requests/s spread out and 3,110/s on one CPU, and
+``bench/delivery.py`` measured a run at about 900 deliveries/s unpinned and 1,100-1,500 pinned.
+On one CPU the hand-overs stay local. The process gives up only what CPython does outside the
+interpreter in parallel (TLS, libpq), which is what ``off`` is for.
 
 Only a delivery's own threads are pinned, and only while it runs: the calling thread gets its
 affinity back afterwards, and threads it started before keep theirs. ``auto`` pins a delivery

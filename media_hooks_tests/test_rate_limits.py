@@ -261,6 +261,29 @@ def test_release_frees_only_the_holders_own_slots(limited):
     assert release(limited, DEST, [], "a") == 0
 
 
+def test_a_grant_takes_the_holders_finished_slots_back_first(limited):
+    """A worker's step: its finished requests' slots come back in the same call, and count."""
+    _set_limits(limited, max_in_flight=2)
+    held = acquire(limited, DEST, 2, "a", 30).slots
+    other = acquire(limited, DEST, 1, "b", 30, release_slots=held)  # not b's to give back
+    assert other.slots == [] and other.reason == "in flight"
+    again = acquire(limited, DEST, 2, "a", 30, release_slots=held)
+    assert again.slots == [1, 2]
+    assert [row["mine"] for row in rate_limits.in_flight(limited, DEST, "a")] == [True, True]
+
+
+@pytest.mark.parametrize("why", ["paused", "disabled"])
+def test_slots_given_back_while_refused_are_freed_all_the_same(limited, why):
+    held = acquire(limited, DEST, 2, "a", 30).slots
+    if why == "paused":
+        pause_destination(limited, DEST, 30, "429")
+    else:
+        _set_limits(limited, enabled=False)
+    grant = acquire(limited, DEST, 1, "a", 30, release_slots=held)
+    assert grant.slots == [] and grant.reason.startswith(why)
+    assert rate_limits.in_flight(limited, DEST) == []
+
+
 def test_a_disabled_destination_grants_nothing(limited):
     _set_limits(limited, enabled=False)
     grant = acquire(limited, DEST, 3, "h", 30)

@@ -127,3 +127,13 @@ def test_the_cli_refuses_a_bad_setting_in_one_line(cli_env):
     assert done.stderr.strip().count("\n") == 0
     assert "MEDIA_HOOKS_DELIVERY_CPU must be 'auto', 'off' or a CPU number" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@several_cpus
+def test_a_cpu_that_cannot_be_had_leaves_the_delivery_where_it_is():
+    """Pinning only saves CPU time: a refusal (a container, an offline CPU) is no failure."""
+    ran = []
+    with affinity.pinned(max(ALLOWED) + 1):
+        ran.append(os.sched_getaffinity(0))
+    assert ran == [ALLOWED]
+    assert os.sched_getaffinity(0) == ALLOWED

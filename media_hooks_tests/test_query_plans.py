@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterable
 from datetime import UTC, datetime
 
 import psycopg
@@ -16,6 +17,7 @@ from psycopg.rows import dict_row
 
 from media_hooks.cohort import Cohort
 from media_hooks.db import with_database
+from media_hooks.leases import Lease, Outcome, outcomes_document
 from media_hooks.reconciler import claim_due
 from media_hooks.sqlfiles import query
 from media_hooks_tests.conftest import create_database, drop_database
@@ -62,6 +64,28 @@ def _ids(n: int) -> list[str]:
     return [f"d-cdn-{i}" for i in range(1, n + 1)]
 
 
+def _outcomes(leased: Iterable[tuple[str, uuid.UUID]]) -> dict:
+    now = datetime.now(UTC)
+    return {
+        "outcomes": outcomes_document(
+            [
+                Outcome(
+                    Lease(d, f"{d}:1", token, 1, 1, b""),
+                    "success",
+                    200,
+                    None,
+                    None,
+                    0.0,
+                    None,
+                    now,
+                    now,
+                )
+                for d, token in leased
+            ]
+        )
+    }
+
+
 STATEMENTS = {
     "claim_due_page": lambda: {"run_id": "r", "page_size": 250, **Cohort().params()},
     "plan_batches": lambda: {"run_id": "run-1", "batch_size": 1000},
@@ -78,18 +102,7 @@ STATEMENTS = {
         "delivery_ids": _ids(100),
         "message_ids": [f"{i}:1" for i in _ids(100)],
     },
-    "record_outcomes": lambda: {
-        "delivery_ids": _ids(100),
-        "lease_tokens": [uuid.uuid4()] * 100,
-        "outcomes": ["success"] * 100,
-        "http_statuses": [200] * 100,
-        "errors": [None] * 100,
-        "excerpts": [None] * 100,
-        "delays": [0.0] * 100,
-        "delay_reasons": [None] * 100,
-        "started_at": [datetime.now(UTC)] * 100,
-        "finished_at": [datetime.now(UTC)] * 100,
-    },
+    "record_outcomes": lambda: _outcomes((i, uuid.uuid4()) for i in _ids(100)),
     "defer_deliveries": lambda: {
         "delivery_ids": _ids(100),
         "message_ids": [f"{i}:1" for i in _ids(100)],
@@ -154,10 +167,7 @@ def test_outcomes_are_recorded_by_key_whatever_the_statistics_say(stale):
     leased = stale.execute(
         "SELECT delivery_id, lease_token FROM webhook_delivery WHERE state = 'leased' LIMIT 25"
     ).fetchall()
-    params = STATEMENTS["record_outcomes"]()
-    params = {k: v[:25] for k, v in params.items()}
-    params["delivery_ids"] = [r["delivery_id"] for r in leased]
-    params["lease_tokens"] = [r["lease_token"] for r in leased]
+    params = _outcomes((r["delivery_id"], r["lease_token"]) for r in leased)
     statement = f"EXPLAIN (FORMAT JSON) {query('record_outcomes')}"
     (plan,) = stale.execute(statement.encode(), params).fetchone()["QUERY PLAN"]
     assert _delivery_indexes(plan["Plan"]) == {"webhook_delivery_pkey"}

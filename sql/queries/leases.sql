@@ -63,12 +63,10 @@ LEFT JOIN LATERAL media_hooks_lease_v1(
 -- for each outcome instead of looking each one up by its key.
 WITH result AS (
     SELECT *
-    FROM unnest(%(delivery_ids)s::text[], %(lease_tokens)s::uuid[], %(outcomes)s::text[],
-                %(http_statuses)s::integer[], %(errors)s::text[], %(excerpts)s::text[],
-                %(delays)s::double precision[], %(delay_reasons)s::text[],
-                %(started_at)s::timestamptz[], %(finished_at)s::timestamptz[])
-         AS r(delivery_id, lease_token, outcome, http_status, error, excerpt,
-              delay, delay_reason, started_at, finished_at)
+    FROM jsonb_to_recordset(%(outcomes)s::jsonb)
+         AS r(delivery_id text, lease_token uuid, outcome text, http_status integer, error text,
+              excerpt text, delay double precision, delay_reason text,
+              started_at timestamptz, finished_at timestamptz)
 ),
 decided AS (
     SELECT r.*,

@@ -119,11 +119,15 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def _storable(text: str) -> str:
+    # PostgreSQL text cannot hold NUL, and a receiver chooses its body and reason phrase.
+    return text.replace("\x00", "\ufffd")
+
+
 def _excerpt(data: bytes) -> str | None:
     if not data:
         return None
-    # PostgreSQL text cannot hold NUL.
-    return data.decode("utf-8", errors="replace").replace("\x00", "\ufffd")[:MAX_EXCERPT_CHARS]
+    return _storable(data.decode("utf-8", errors="replace"))[:MAX_EXCERPT_CHARS]
 
 
 class Sender:
@@ -215,7 +219,7 @@ class Sender:
             return AttemptResult(
                 outcome=failure.outcome,
                 http_status=None,
-                error=failure.error,
+                error=_storable(failure.error),
                 response_excerpt=None,
                 retry_after_seconds=None,
                 disable_destination=False,
@@ -234,7 +238,7 @@ class Sender:
         classification = outcomes.classify_response(response.status_code, response.headers)
         error = None
         if classification.outcome != outcomes.SUCCESS:
-            error = f"HTTP {response.status_code} {response.reason or ''}".rstrip()
+            error = _storable(f"HTTP {response.status_code} {response.reason or ''}".rstrip())
         if read_error:
             # The status line is the receiver's answer; a broken body does not change it.
             error = f"{error}; {read_error}" if error else read_error

@@ -246,6 +246,27 @@ def test_each_send_is_its_own_request_from_the_shared_template(receiver) -> None
     assert first.headers["user-agent"] == second.headers["user-agent"] == "media-hooks/0.1"
 
 
+def test_a_reason_phrase_with_a_nul_byte_is_storable_text() -> None:
+    """A receiver chooses its reason phrase; PostgreSQL text cannot hold NUL."""
+    answer = b"HTTP/1.1 500 Bad\x00Thing\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    with socket.create_server(("127.0.0.1", 0)) as server:
+
+        def serve() -> None:
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(answer)
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        url = f"http://127.0.0.1:{server.getsockname()[1]}/"
+        with sender_for(url) as sender:
+            result = sender.send("dlv_nul", BODY)
+        thread.join(timeout=10)
+    assert (result.outcome, result.http_status) == (RETRYABLE, 500)
+    assert result.error == "HTTP 500 Bad\ufffdThing"
+
+
 def test_concurrent_sends_from_threads(receiver) -> None:
     rx = receiver(reply=Reply(delay_seconds=0.01))
     outcomes: list[str] = []

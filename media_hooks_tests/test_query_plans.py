@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 
 import psycopg
@@ -173,8 +174,10 @@ def test_outcomes_are_recorded_by_key_whatever_the_statistics_say(stale):
     assert _delivery_indexes(plan["Plan"]) == {"webhook_delivery_pkey"}
 
 
-def test_the_lease_looks_deliveries_up_by_key_whatever_the_statistics_say(stale):
-    """The lease runs inside media_hooks_lease_v1: auto_explain shows the nested plan."""
+@contextmanager
+def _explaining(conn: psycopg.Connection) -> Iterator[list[dict]]:
+    """auto_explain's plans of what runs inside, nested statements included (the lease runs
+    inside media_hooks_lease_v1, where EXPLAIN cannot see)."""
     plans: list[dict] = []
 
     def collect(diagnostic: psycopg.errors.Diagnostic) -> None:
@@ -182,12 +185,9 @@ def test_the_lease_looks_deliveries_up_by_key_whatever_the_statistics_say(stale)
         if "plan:" in text:
             plans.append(json.loads(text.split("plan:", 1)[1]))
 
-    enqueued = stale.execute(
-        "SELECT delivery_id, current_message_id FROM webhook_delivery WHERE state = 'enqueued' LIMIT 4"
-    ).fetchall()
-    stale.add_notice_handler(collect)
+    conn.add_notice_handler(collect)
     try:
-        with stale.transaction(force_rollback=True):
+        with conn.transaction(force_rollback=True):  # the settings and the leases roll back
             for setting in (
                 "LOAD 'auto_explain'",
                 "SET LOCAL auto_explain.log_min_duration = 0",
@@ -196,19 +196,53 @@ def test_the_lease_looks_deliveries_up_by_key_whatever_the_statistics_say(stale)
                 "SET LOCAL auto_explain.log_level = notice",
                 "SET LOCAL client_min_messages = notice",
             ):
-                stale.execute(setting)
-            leased = stale.execute(
-                query("lease_deliveries"),
-                {
-                    "run_id": "run-2",
-                    "lease_seconds": 90,
-                    "delivery_ids": [r["delivery_id"] for r in enqueued],
-                    "message_ids": [r["current_message_id"] for r in enqueued],
-                },
-            ).fetchall()
+                conn.execute(setting)
+            yield plans
     finally:
-        stale.remove_notice_handler(collect)
-    assert len(leased) == 4
+        conn.remove_notice_handler(collect)
+
+
+def _lease_indexes(conn: psycopg.Connection, offered: list[dict]) -> tuple[int, set[str]]:
+    """Lease ``offered`` (rolled back); how many were leased and how the lease read deliveries."""
+    with _explaining(conn) as plans:
+        leased = conn.execute(
+            query("lease_deliveries"),
+            {
+                "run_id": "run-2",
+                "lease_seconds": 90,
+                "delivery_ids": [r["delivery_id"] for r in offered],
+                "message_ids": [r["current_message_id"] for r in offered],
+            },
+        ).fetchall()
     nested = [p for p in plans if "WITH wanted AS" in p.get("Query Text", "")]
     assert nested, [p.get("Query Text", "")[:80] for p in plans]
-    assert {i for p in nested for i in _delivery_indexes(p["Plan"])} == {"webhook_delivery_pkey"}
+    return len(leased), {i for p in nested for i in _delivery_indexes(p["Plan"])}
+
+
+def _enqueued(conn: psycopg.Connection) -> list[dict]:
+    return conn.execute(
+        "SELECT delivery_id, current_message_id FROM webhook_delivery WHERE state = 'enqueued' LIMIT 4"
+    ).fetchall()
+
+
+def test_the_lease_looks_deliveries_up_by_key_whatever_the_statistics_say(stale):
+    assert _lease_indexes(stale, _enqueued(stale)) == (4, {"webhook_delivery_pkey"})
+
+
+def test_a_lease_plan_made_while_the_table_was_empty_stays_a_key_lookup(server_url, template_name):
+    """The lease is planned once per session. Made while the table was empty, when a scan looks
+    cheapest, the plan must still look deliveries up by key once the table is large."""
+    name = create_database(server_url, template=template_name)
+    try:
+        with psycopg.connect(
+            with_database(server_url, name), autocommit=True, row_factory=dict_row
+        ) as conn:
+            conn.execute("ALTER TABLE webhook_delivery SET (autovacuum_enabled = false)")
+            add_destination(conn, "cdn")
+            offered = [{"delivery_id": "none", "current_message_id": "none:1"}]
+            assert _lease_indexes(conn, offered)[0] == 0  # the session's plan is made here
+            add_deliveries(conn, "cdn", 20_000)
+            claim_due(conn, "run-1", Cohort(), page_size=5000)
+            assert _lease_indexes(conn, _enqueued(conn)) == (4, {"webhook_delivery_pkey"})
+    finally:
+        drop_database(server_url, name)

@@ -21,11 +21,16 @@ import time
 import psycopg
 import requests
 from fast_receiver import fast_receiver
-from scratch import add_due_deliveries, add_unlimited_destinations, scratch_database, write_results
+from scratch import (
+    add_due_deliveries,
+    add_unlimited_destinations,
+    engine_rate,
+    scratch_database,
+    write_results,
+)
 
-from media_hooks import affinity, db
+from media_hooks import affinity
 from media_hooks.config import Settings
-from media_hooks.delivery_run import deliver_due
 
 
 def bare_loop(url: str, bodies: list[bytes]) -> float:
@@ -39,16 +44,6 @@ def bare_loop(url: str, bodies: list[bytes]) -> float:
         )
         response.content  # noqa: B018 - read the answer as the engine does
     return len(bodies) / (time.perf_counter() - start)
-
-
-def run_engine(url: str, settings: Settings, rows: int, destinations: int) -> float:
-    """Deliveries/s of one whole run delivering ``rows`` due deliveries."""
-    with db.open_pool(url, max_size=destinations + 4) as pool:
-        start = time.perf_counter()
-        report = deliver_due(pool, "bench", settings, page_size=1000, batch_size=rows)
-        seconds = time.perf_counter() - start
-    assert report.totals.succeeded == rows, report.totals
-    return rows / seconds
 
 
 def main() -> None:
@@ -72,8 +67,12 @@ def main() -> None:
                         ).fetchall()
                     ]
                 bare = bare_loop(receiver_url, bodies)
-            engine[cpu] = run_engine(
-                url, dataclasses.replace(settings, delivery_cpu=cpu), args.rows, args.destinations
+            engine[cpu] = engine_rate(
+                url,
+                dataclasses.replace(settings, delivery_cpu=cpu),
+                args.rows,
+                args.destinations,
+                batch_size=args.rows,
             )
     figures = {
         "rows": args.rows,

@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ from psycopg import sql
 
 from media_hooks import db, embedded, migrations
 from media_hooks.config import Settings
+from media_hooks.delivery_run import deliver_due
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -96,3 +98,15 @@ def write_results(name: str, figures: dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps({"machine": machine(), **figures}, indent=2, default=str) + "\n")
     return path
+
+
+def engine_rate(
+    url: str, settings: Settings, rows: int, destinations: int, batch_size: int
+) -> float:
+    """Deliveries/s of one whole engine run (``deliver_due``) delivering ``rows`` due deliveries."""
+    with db.open_pool(url, max_size=destinations + 4) as pool:
+        start = time.perf_counter()
+        report = deliver_due(pool, "bench-engine", settings, page_size=1000, batch_size=batch_size)
+        seconds = time.perf_counter() - start
+    assert report.totals.succeeded == rows, report.totals
+    return rows / seconds

@@ -14,6 +14,7 @@ client's. Writes bench/results/statements.json.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import time
 from collections.abc import Callable
@@ -93,7 +94,7 @@ def main() -> None:
                     )
                     slots = grant.slots
                     taken.extend(got)
-                return -(-rows // k)
+                return math.ceil(rows / k)
 
             def record() -> int:
                 now = datetime.now(UTC)
@@ -103,7 +104,7 @@ def main() -> None:
                         for lease in taken[start : start + m]
                     ]
                     leases.record(conn, outcomes)
-                return -(-len(taken) // m)
+                return math.ceil(len(taken) / m)
 
             figures: dict[str, dict[str, float]] = {}
             for name, work, per in (

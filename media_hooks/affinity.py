@@ -32,11 +32,19 @@ ENV = "MEDIA_HOOKS_DELIVERY_CPU"
 
 
 def parse(raw: str | None) -> str:
-    """The setting as given: ``auto`` (default), ``off`` or a CPU number."""
+    """The setting as given: ``auto`` (default), ``off`` or a CPU this process may run on.
+
+    Checked when the configuration is read, so a command refuses it before it claims anything.
+    """
     value = (raw or AUTO).strip().lower()
-    if value in (AUTO, OFF) or value.isdigit():
+    if value in (AUTO, OFF):
         return value
-    raise UserError(f"{ENV} must be 'auto', 'off' or a CPU number, got {raw!r}")
+    if not value.isdigit():
+        raise UserError(f"{ENV} must be 'auto', 'off' or a CPU number, got {raw!r}")
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    if int(value) not in allowed:
+        raise UserError(f"{ENV}={value} is not a CPU this process may run on: {sorted(allowed)}")
+    return value
 
 
 def resolve(setting: str, *, batches: int) -> int | None:
@@ -50,10 +58,8 @@ def resolve(setting: str, *, batches: int) -> int | None:
             return None  # a lone batch, or already on one CPU (an enclosing delivery's)
         current = _current_cpu()
         return current if current in allowed else min(allowed)
-    cpu = int(setting)
-    if cpu not in allowed:
-        raise UserError(f"{ENV}={cpu} is not a CPU this process may run on: {sorted(allowed)}")
-    return cpu
+    # Checked by parse; should the CPU have gone since, pinned() leaves the threads be.
+    return int(setting)
 
 
 def _current_cpu() -> int | None:

@@ -51,7 +51,7 @@ def test_auto_picks_one_cpu_the_process_may_use():
 def test_a_cpu_outside_the_allowed_set_is_refused():
     outside = max(ALLOWED) + 1
     with pytest.raises(UserError, match=f"MEDIA_HOOKS_DELIVERY_CPU={outside} is not a CPU"):
-        affinity.resolve(str(outside), batches=1)
+        affinity.parse(str(outside))
 
 
 @several_cpus
@@ -121,12 +121,22 @@ def test_a_run_sends_from_one_cpu_when_it_runs_several_batches_or_is_told_to(
     assert os.sched_getaffinity(0) == ALLOWED
 
 
-def test_the_cli_refuses_a_bad_setting_in_one_line(cli_env):
-    done = run_cli("run", env={**cli_env, "MEDIA_HOOKS_DELIVERY_CPU": "fast"})
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("fast", "MEDIA_HOOKS_DELIVERY_CPU must be 'auto', 'off' or a CPU number"),
+        ("4096", "MEDIA_HOOKS_DELIVERY_CPU=4096 is not a CPU this process may run on"),
+    ],
+)
+def test_the_cli_refuses_a_bad_setting_in_one_line_before_claiming(conn, cli_env, value, message):
+    add_destination(conn, "cdn")
+    add_deliveries(conn, "cdn", 3)
+    done = run_cli("run", env={**cli_env, "MEDIA_HOOKS_DELIVERY_CPU": value})
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert done.stderr.strip().count("\n") == 0
-    assert "MEDIA_HOOKS_DELIVERY_CPU must be 'auto', 'off' or a CPU number" in done.stderr
+    assert message in done.stderr
     assert "Traceback" not in done.stderr
+    assert states(conn) == {"pending": 3}  # nothing claimed
 
 
 @several_cpus

@@ -21,10 +21,23 @@ COLUMNS = (
 )
 
 
+DESCRIPTION = """\
+Runs the main job end to end on its own data, in about half a minute: a local receiver that
+verifies signatures stands in for three publishers (demo-cdn, demo-partner, demo-archive, each
+with its own rate limit; demo-partner misbehaves on purpose: 500s, 429s with Retry-After, an
+answer slower than its timeout, a rejection), a few hundred media events are emitted, and the
+Dagster delivery job runs until they are delivered or dead. Prints per destination what was
+delivered, retried, rate-limited, ambiguous and dead and the rate achieved against its limit,
+and draws request starts per second against each limit in
+MEDIA_HOOKS_HOME/demo/request_rate.png. Run it again at will: it replaces only its own demo-*
+destinations and their deliveries."""
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "demo",
         help="the main job end to end: a local receiver, destinations, events, delivery runs",
+        description=DESCRIPTION,
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.set_defaults(handler=run)

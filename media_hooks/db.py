@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from urllib.parse import quote, urlencode
 
 import psycopg
 from psycopg import conninfo
@@ -29,6 +30,35 @@ def redact(url: str) -> str:
     if "password" in params:
         params["password"] = "***"
     return conninfo.make_conninfo(**params)
+
+
+def password(url: str) -> str | None:
+    """The password in ``url``, if any: for ``PGPASSWORD``, never to be printed."""
+    return conninfo.conninfo_to_dict(url).get("password") or None
+
+
+def _single(value: str | None) -> bool:
+    return bool(value) and "," not in value
+
+
+def without_password(url: str) -> str:
+    """``url`` (a URL or a key=value string) as a ``postgresql://`` URL with any password left
+    out: safe to print, and usable by another tool, which then takes the password from
+    ``PGPASSWORD`` or ``~/.pgpass``. A socket folder or several hosts go in the query string."""
+    params = {k: v for k, v in conninfo.conninfo_to_dict(url).items() if k != "password"}
+    user = params.pop("user", None)
+    dbname = params.pop("dbname", None)
+    host, port = params.get("host"), params.get("port")
+    authority = ""
+    if _single(host) and not host.startswith("/") and (port is None or _single(port)):
+        del params["host"]
+        authority = f"[{host}]" if ":" in host else quote(host, safe="")
+        if port is not None:
+            authority += f":{params.pop('port')}"
+    userinfo = f"{quote(user, safe='')}@" if user else ""
+    path = f"/{quote(dbname or '', safe='')}" if dbname or params else ""
+    query = f"?{urlencode(params, quote_via=quote, safe='/,:')}" if params else ""
+    return f"postgresql://{userinfo}{authority}{path}{query}"
 
 
 def with_database(url: str, name: str) -> str:

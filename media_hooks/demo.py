@@ -31,7 +31,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from media_hooks import db, sweeps
-from media_hooks.chart import plot_request_rates
+from media_hooks.chart import Limit, plot_request_rates
 from media_hooks.config import Settings
 from media_hooks.destinations import DestinationSpec, upsert_destination
 from media_hooks.emit import Event, emit_many
@@ -182,6 +182,23 @@ def _unfinished(url: str) -> dict[str, Any]:
         return _fetch(conn, "demo_unfinished", {"destination_ids": _ids()})[0]
 
 
+def left_to_send(left: dict[str, Any]) -> str:
+    """What a run left behind, from ``demo_unfinished``: how many, and why they failed."""
+    why = [f"{n} {outcome}" for outcome, n in sorted(left["last_outcomes"].items())]
+    if left["held_by_a_run"]:
+        why.append(f"{left['held_by_a_run']} still held by a run")
+    return f"{left['unfinished']} delivery(ies) to send again (last outcome: {', '.join(why)})"
+
+
+def next_run(wait_seconds: float) -> str:
+    if wait_seconds <= 0:
+        return "due now, so the next run starts at once"
+    return (
+        f"the first is due in {wait_seconds:.1f}s (retry backoff, or a pause a 429's "
+        "Retry-After asked for); the next run starts then"
+    )
+
+
 def deliver_until_idle(settings: Settings, url: str, say: Callable[[str], None]) -> list[dict]:
     """Run the Dagster delivery job for the demo's destinations until none of their deliveries
     is left to send; deliveries waiting on a retry time or a pause are waited for, up to
@@ -216,9 +233,12 @@ def deliver_until_idle(settings: Settings, url: str, say: Callable[[str], None])
                 return runs
             wait = max(left["due_in_seconds"], 0.0)
             if time.monotonic() + wait > deadline:
-                say(f"  {left['unfinished']} delivery(ies) still waiting; stopping here")
+                say(
+                    f"  {left_to_send(left)}, the first due in {wait:.1f}s: past the demo's "
+                    f"{MAX_DELIVERY_SECONDS:.0f}s, so it stops here"
+                )
                 return runs
-            say(f"  {left['unfinished']} delivery(ies) wait for a retry; next due in {wait:.1f}s")
+            say(f"  {left_to_send(left)}: {next_run(wait)}")
             # The next run is worth starting only once something is due again.
             time.sleep(wait)
 
@@ -259,12 +279,12 @@ def run_demo(settings: Settings, say: Callable[[str], None] = print) -> DemoResu
     with db.connect(url, autocommit=True) as conn:
         rows = summarize(conn)
         series = request_starts(conn)
-    limits_by_id = {d.destination_id: float(d.rate_per_second) for d in DESTINATIONS}
+    unfinished = _unfinished(url)["earliest"]
     chart = plot_request_rates(
         series,
-        limits_by_id,
+        {d.destination_id: Limit(d.rate_per_second, d.burst) for d in DESTINATIONS},
         settings.home / "demo" / "request_rate.png",
-        title="media-hooks demo: request starts per second vs each destination's limit",
+        title="media-hooks demo: request starts against each destination's limit",
     )
     return DemoResult(
         destinations=rows,
@@ -277,5 +297,7 @@ def run_demo(settings: Settings, say: Callable[[str], None] = print) -> DemoResu
             "ambiguous_then_succeeded": delivery_id(MISBEHAVING, SLOW),
             "rate_limited_then_succeeded": delivery_id(MISBEHAVING, 20),
             "dead": delivery_id(MISBEHAVING, REJECTED),
+            # The earliest delivery still pending when the demo stopped (rarely any).
+            **({"unfinished": unfinished} if unfinished else {}),
         },
     )

@@ -6,12 +6,15 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from psycopg import conninfo
 
+from media_hooks import db, embedded
 from media_hooks_tests.conftest import run_cli, run_cli_together
 
 
@@ -74,3 +77,53 @@ def test_a_malformed_database_url_is_a_usage_error():
     result = run_cli("status", env=_env(MEDIA_HOOKS_DATABASE_URL="host=a =b"))
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "not a valid PostgreSQL URL" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://postgres:@/media_hooks?host=/tmp/some%20home/pgdata",
+        "postgresql://app:p%40ss@db.example.com:6543/media%20hooks?sslmode=require",
+        "postgresql://u:pw@[::1]:5433,replica:5434/db?target_session_attrs=read-write&password=x",
+        "host=db.example.com port=5432 user='we ird' password=pw dbname=x options='-c a=b'",
+        "postgresql:///only_a_db",
+        "dbname=x application_name='a&b=c?'",
+    ],
+)
+def test_a_url_without_its_password_means_the_same_to_libpq(url):
+    shown = db.without_password(url)
+    assert shown.startswith("postgresql://")
+    assert "pw" not in shown and "p%40ss" not in shown
+    expected = {k: v for k, v in conninfo.conninfo_to_dict(url).items() if k != "password"}
+    assert conninfo.conninfo_to_dict(shown) == expected
+
+
+def _pidfile(home: Path, pid: int) -> None:
+    folder = home / "pgdata"
+    folder.mkdir(parents=True)
+    lines = [str(pid), str(folder), "1700000000", "5433", "/run/sock", "", "0 1", "ready"]
+    (folder / "postmaster.pid").write_text("\n".join(lines) + "\n")
+
+
+def test_a_postmaster_pid_file_is_read_and_a_dead_servers_file_is_not_a_server(tmp_path):
+    _pidfile(tmp_path / "live", os.getpid())
+    live = embedded.postmaster(tmp_path / "live")
+    assert live is not None
+    assert (live.pid, live.port, live.socket_dir, live.status) == (
+        os.getpid(),
+        5433,
+        "/run/sock",
+        "ready",
+    )
+    assert conninfo.conninfo_to_dict(live.url()) == {
+        "user": "postgres",
+        "dbname": "media_hooks",
+        "host": "/run/sock",
+        "port": "5433",
+    }
+
+    dead_pid = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_pid.wait()
+    _pidfile(tmp_path / "dead", dead_pid.pid)
+    assert embedded.postmaster(tmp_path / "dead") is None
+    assert embedded.postmaster(tmp_path / "never") is None

@@ -13,7 +13,7 @@ import importlib
 import os
 import pkgutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from media_hooks.errors import RuntimeFailure, UserError
 
@@ -34,6 +34,18 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{message} (see `{self.prog} --help`)")
 
 
+def subcommands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """(one-line help, parser) of every command and command group below ``parser``, depth
+    first."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            # argparse keeps each command's one-line help on a pseudo-action of its own.
+            for choice in action._choices_actions:
+                sub = action.choices[choice.dest]
+                yield choice.help or "", sub
+                yield from subcommands(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="media-hooks",
@@ -43,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for group in _command_groups():
         group.register(commands)
+    # `media-hooks COMMAND --help` opens with what the command does: its one-line help, unless
+    # the command gives a longer description of its own.
+    for summary, sub in subcommands(parser):
+        if not sub.description and summary:
+            sub.description = f"{summary[0].upper()}{summary[1:]}."
     return parser
 
 

@@ -29,18 +29,20 @@ def register(commands: argparse._SubParsersAction) -> None:
     listing.set_defaults(handler=run_list)
 
     enable = sub.add_parser("enable", help="turn a destination on")
-    enable.add_argument("destination_id", metavar="ID")
+    enable.add_argument("destination_id", metavar="ID", help="the destination's id")
     enable.set_defaults(handler=run_enable)
 
     disable = sub.add_parser("disable", help="turn a destination off; its deliveries wait")
-    disable.add_argument("destination_id", metavar="ID")
+    disable.add_argument("destination_id", metavar="ID", help="the destination's id")
     disable.add_argument("--reason", required=True, help="why it is off (shown by list)")
     disable.set_defaults(handler=run_disable)
 
 
 def _register_add(sub: argparse._SubParsersAction) -> None:
     add = sub.add_parser("add", help="create or update a destination", description=ADD_DESCRIPTION)
-    add.add_argument("destination_id", metavar="ID")
+    add.add_argument(
+        "destination_id", metavar="ID", help="the destination's id (letters, digits, _ - :)"
+    )
     add.add_argument("--url", required=True, help="http(s) URL the deliveries are POSTed to")
     add.add_argument(
         "--secret",

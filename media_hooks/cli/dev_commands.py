@@ -40,8 +40,15 @@ def start_dagster_dev(env: dict[str, str], host: str, port: int) -> subprocess.P
     """``dagster dev`` (webserver + daemon) in a process group of its own."""
     from media_hooks.orchestration.instance import WORKSPACE
 
+    # Dagster 1.13 marks `dagster dev` superseded by `dg dev` (SupersessionWarning). `dg dev -w`
+    # runs this very command's implementation, but needs dagster-dg-cli and ~30 more packages
+    # (dagster-cloud-cli, GitPython, cryptography, typer...) in every install. So this one
+    # warning is silenced, in the `dagster dev` process only (-W is not inherited by the
+    # webserver, daemon or code servers it starts); move to `dg dev` before Dagster 2.0.
+    quiet = ["-W", "ignore:Function `dev_command` is superseded:FutureWarning"]
     return subprocess.Popen(
-        [sys.executable, "-m", "dagster", "dev", "-w", str(WORKSPACE), "-h", host, "-p", str(port)],
+        [sys.executable, *quiet, "-m", "dagster", "dev", "-w", str(WORKSPACE)]
+        + ["-h", host, "-p", str(port)],
         env=env,
         # Dagster writes scratch files to its working folder: keep them in its home.
         cwd=env.get("DAGSTER_HOME"),

@@ -15,7 +15,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         "inspect",
         help="a delivery's whole story (dispatches, attempts, requeues, runs) and its verdict",
     )
-    parser.add_argument("delivery_id", metavar="DELIVERY_ID")
+    parser.add_argument(
+        "delivery_id", metavar="DELIVERY_ID", help="the delivery's id, as emit or status print it"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.set_defaults(handler=run_inspect)
 

@@ -20,8 +20,20 @@ def register(commands: argparse._SubParsersAction) -> None:
         "requeue",
         help="make matching deliveries due now (same delivery_id, fresh retry budget, audited)",
     )
-    parser.add_argument("--destination", action="append", default=[], metavar="ID")
-    parser.add_argument("--event-type", action="append", default=[], metavar="T")
+    parser.add_argument(
+        "--destination",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="only this destination's deliveries (repeatable; default: every destination)",
+    )
+    parser.add_argument(
+        "--event-type",
+        action="append",
+        default=[],
+        metavar="T",
+        help="only deliveries of this event type (repeatable; default: every type)",
+    )
     parser.add_argument(
         "--state",
         action="append",

@@ -19,9 +19,27 @@ def register(commands: argparse._SubParsersAction) -> None:
         "run",
         help="run the Dagster delivery job (the one the schedule launches) and wait for it",
     )
-    run.add_argument("--destination", action="append", default=[], metavar="ID")
-    run.add_argument("--event-type", action="append", default=[], metavar="T")
-    run.add_argument("--asset-id", action="append", default=[], metavar="A")
+    run.add_argument(
+        "--destination",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="deliver only to this destination (repeatable; default: every destination)",
+    )
+    run.add_argument(
+        "--event-type",
+        action="append",
+        default=[],
+        metavar="T",
+        help="deliver only events of this type (repeatable; default: every type)",
+    )
+    run.add_argument(
+        "--asset-id",
+        action="append",
+        default=[],
+        metavar="A",
+        help="deliver only events about this asset (repeatable; default: every asset)",
+    )
     run.add_argument("--max-rows", type=int, metavar="N", help="most rows one run claims")
     run.add_argument("--page-size", type=int, metavar="N", help="rows claimed per transaction")
     run.add_argument(

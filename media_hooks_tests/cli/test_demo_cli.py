@@ -75,6 +75,14 @@ def test_demo_runs_end_to_end_and_its_summary_matches_the_database(conn, demo_en
     }
     assert outbox_runs == {run["run_id"] for run in document["runs"]}
 
+    # Progress says what is left after each run and what the demo does next: never a wait of
+    # 0.0s for something already due.
+    progress = [line for line in result.stderr.splitlines() if "to send again" in line]
+    for line in progress:
+        assert "(last outcome: " in line, line
+        assert line.endswith(("the next run starts at once", "the next run starts then")), line
+    assert "due in 0.0s" not in result.stderr
+
     chart = Path(document["chart"])
     assert chart == Path(demo_env["MEDIA_HOOKS_HOME"]) / "demo" / "request_rate.png"
     assert chart.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
@@ -104,3 +112,46 @@ def test_reset_removes_only_the_demos_own_data(conn):
     assert outbox == 2
     destinations = conn.execute("SELECT destination_id FROM webhook_destination").fetchall()
     assert destinations == [{"destination_id": "kept"}]
+
+
+def test_what_a_run_left_is_told_with_its_reasons_and_what_happens_next(conn):
+    for d in demo.DESTINATIONS:
+        add_destination(conn, d.destination_id)
+    retry = add_deliveries(conn, "demo-partner", 2, prefix="retry", due_seconds_ago=1)
+    later = add_deliveries(conn, "demo-partner", 1, prefix="later", due_seconds_ago=-30)
+    paused = add_deliveries(conn, "demo-cdn", 1, prefix="paused", due_seconds_ago=5)
+    add_deliveries(conn, "demo-archive", 1, state="leased")
+    add_deliveries(conn, "demo-archive", 1, state="succeeded")
+    for ids, outcome in ((retry, "retryable"), (later, "ambiguous"), (paused, "rate_limited")):
+        conn.execute(
+            "UPDATE webhook_delivery SET last_outcome = %s WHERE delivery_id = ANY (%s)",
+            (outcome, ids),
+        )
+    # A 429's Retry-After paused demo-cdn: its delivery waits although its own time has come.
+    conn.execute(
+        "UPDATE webhook_destination SET paused_until = now() + interval '1 minute' "
+        "WHERE destination_id = 'demo-cdn'"
+    )
+
+    left = demo._fetch(conn, "demo_unfinished", {"destination_ids": demo._ids()})[0]
+    assert {k: left[k] for k in ("unfinished", "due_now", "waiting", "held_by_a_run")} == {
+        "unfinished": 5,
+        "due_now": 2,
+        "waiting": 2,
+        "held_by_a_run": 1,
+    }
+    assert left["earliest"] == sorted(retry)[0]
+    assert -2 < left["due_in_seconds"] < 0
+    assert demo.left_to_send(left) == (
+        "5 delivery(ies) to send again (last outcome: 1 ambiguous, 1 rate_limited, "
+        "2 retryable, 1 still held by a run)"
+    )
+    assert demo.next_run(max(left["due_in_seconds"], 0)) == (
+        "due now, so the next run starts at once"
+    )
+
+    conn.execute("DELETE FROM webhook_delivery WHERE delivery_id = ANY (%s)", (retry,))
+    waiting = demo._fetch(conn, "demo_unfinished", {"destination_ids": demo._ids()})[0]
+    assert waiting["due_now"] == 0 and 25 < waiting["due_in_seconds"] <= 30
+    assert waiting["earliest"] == later[0]
+    assert demo.next_run(29.96).startswith("the first is due in 30.0s (retry backoff, or a pause")

@@ -175,3 +175,5 @@ def test_dagster_ui_loads_everything_and_launches_a_delivery_run(env, conn, rece
             os.killpg(dev.pid, signal.SIGKILL)
             output, _ = dev.communicate()
     assert f"Dagster UI: {url}" in output
+    # Dagster's own advice to use another command is not ours to pass on (dev_commands.py).
+    assert "SupersessionWarning" not in output

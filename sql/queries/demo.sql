@@ -41,15 +41,35 @@ SELECT (SELECT count(*) FROM deliveries)::integer AS deliveries,
        (SELECT count(*) FROM destinations)::integer AS destinations;
 
 -- name: demo_unfinished
--- description: the demo's deliveries not yet terminal, and how long until the earliest pending
---   one may be claimed (its own retry time or its destination's pause, whichever is later).
+-- description: the demo's deliveries not yet terminal: how many are due now and how many wait
+--   (on their own retry time or their destination's pause, whichever is later), how long until
+--   the earliest pending one is due (negative: already due), how many a run still holds, why
+--   the pending ones last failed, and the earliest pending one, to inspect.
+WITH open AS (
+    SELECT d.delivery_id, d.state, coalesce(d.last_outcome, 'none') AS last_outcome,
+           greatest(d.next_attempt_at, coalesce(w.paused_until, d.next_attempt_at)) AS due_at
+    FROM webhook_delivery AS d
+    JOIN webhook_destination AS w ON w.destination_id = d.destination_id
+    WHERE d.destination_id = ANY (%(destination_ids)s)
+      AND d.state NOT IN ('succeeded', 'dead')
+),
+outcomes AS (
+    SELECT last_outcome, count(*)::integer AS n
+    FROM open
+    WHERE state = 'pending'
+    GROUP BY last_outcome
+)
 SELECT count(*)::integer AS unfinished,
-       extract(epoch FROM min(greatest(d.next_attempt_at, coalesce(w.paused_until, d.next_attempt_at)))
-               FILTER (WHERE d.state = 'pending') - now())::double precision AS due_in_seconds
-FROM webhook_delivery AS d
-JOIN webhook_destination AS w ON w.destination_id = d.destination_id
-WHERE d.destination_id = ANY (%(destination_ids)s)
-  AND d.state NOT IN ('succeeded', 'dead');
+       count(*) FILTER (WHERE state = 'pending' AND due_at <= now())::integer AS due_now,
+       count(*) FILTER (WHERE state = 'pending' AND due_at > now())::integer AS waiting,
+       count(*) FILTER (WHERE state <> 'pending')::integer AS held_by_a_run,
+       extract(epoch FROM min(due_at) FILTER (WHERE state = 'pending') - now())::double precision
+           AS due_in_seconds,
+       (array_agg(delivery_id ORDER BY due_at, delivery_id) FILTER (WHERE state = 'pending'))[1]
+           AS earliest,
+       (SELECT coalesce(jsonb_object_agg(last_outcome, n), '{}'::jsonb) FROM outcomes)
+           AS last_outcomes
+FROM open;
 
 -- name: demo_summary
 -- description: per demo destination: deliveries by outcome (from webhook_delivery), attempts

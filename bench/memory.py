@@ -1,0 +1,101 @@
+"""(6) Memory: peak RSS of a run's whole process tree over growing backlogs of due deliveries.
+
+For each backlog (spread over a few destinations on the instant receiver) the engine and the
+job each start a plain run, with their defaults, and the resident memory of the run's process
+and all its descendants (the job's forkserver and step processes) is summed every 0.1 s. A
+run is watched for a fixed time and then stopped if it has not finished: a bounded run's
+memory shows within its first pages and batches, and a run that holds the whole backlog shows
+it while claiming and planning, long before it could deliver a million rows. Target: the
+largest backlog's peak within 1.2x of the smallest's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from bench import paths, stats
+from bench.scratch import add_destinations, add_due_deliveries, spread, unlimited_destinations
+from bench.session import Session
+
+METRICS = {
+    "peak_rss_mib": "peak RSS of the run's process tree, MiB",
+    "delivered": "deliveries the receiver saw while the run was watched",
+    "seconds": "time watched (or to the run's end), s",
+}
+
+
+def measure(session: Session) -> dict[str, Any]:
+    size = session.size
+    engine_seconds, job_seconds = size.memory_seconds
+    runners: dict[str, Callable[[], dict]] = {}
+    for backlog in size.memory_backlogs:
+
+        def seed(url: str, backlog: int = backlog) -> None:
+            targets = unlimited_destinations(session.receiver, size.memory_destinations, 4)
+            add_destinations(url, targets)
+            add_due_deliveries(url, "mem-", spread(backlog, [d.destination_id for d in targets]))
+
+        template = f"memory-{size.memory_destinations}-{backlog}"
+        session.scratch.template(template, seed)
+
+        def engine(template: str = template) -> dict:
+            with session.scratch.database(template) as url:
+                return _watched(paths.run_engine(session, url, timeout=engine_seconds))
+
+        def job(template: str = template) -> dict:
+            with session.scratch.database(template) as url, session.dagster_storage() as storage:
+                return _watched(paths.run_job(session, url, storage, timeout=job_seconds))
+
+        runners[f"engine_{backlog}"] = engine
+        if "memory" in size.job_in:
+            runners[f"job_{backlog}"] = job
+    figures = stats.summarize(session.interleaved("memory", runners), list(METRICS))
+    smallest, largest = size.memory_backlogs[0], size.memory_backlogs[-1]
+    ratios = []
+    for path in ("engine", "job"):
+        ratios += stats.ratios(
+            figures, [(f"{path}_{largest}", f"{path}_{smallest}")], "peak_rss_mib"
+        )
+    targets = [
+        stats.target(
+            f"{r['of'].split('_')[0]}: peak RSS at {largest:,} due within 1.2x of at "
+            f"{smallest:,} (issue 13, part 2)",
+            r["value"],
+            1.2,
+            at_most=True,
+        )
+        for r in ratios
+    ]
+    return {
+        "title": "Memory: peak RSS of a run's process tree by backlog",
+        "metrics": METRICS,
+        "size": {
+            "backlogs": list(size.memory_backlogs),
+            "destinations": size.memory_destinations,
+            "watched_seconds": {"engine": engine_seconds, "job": job_seconds},
+        },
+        "figures": figures,
+        "ratios": ratios,
+        "targets": targets,
+        "notes": [
+            "A run still going when its time is up is stopped (its whole process group): the "
+            "figure is the peak while it was watched.",
+        ]
+        + (
+            [f"Backlogs scaled down from 10,000 / 100,000 / 1,000,000 at the {size.name} size."]
+            if size.memory_backlogs[-1] < 1_000_000
+            else []
+        ),
+    }
+
+
+def _watched(run: paths.PathRun) -> dict[str, Any]:
+    return {
+        "peak_rss_mib": run.finished.peak_rss_mib,
+        "delivered": run.delivered,
+        "seconds": run.finished.seconds,
+        # Stopped at its time limit is expected here; only a failure is an error.
+        "finished": run.finished.complete,
+        **({"error": run.finished.failure()} if run.finished.returncode not in (0, None) else {}),
+    }

@@ -1,0 +1,158 @@
+"""The sizes of a benchmark session: ``--smoke`` (CI), ``--quick`` (under 2 minutes) and full.
+
+Full is issue 13's own scenarios at their own sizes. Quick scales each down to what fits in
+two minutes on a 2-core machine, and smoke to what proves in CI that every measurement runs
+and writes its report. The report prints the size it ran at beside every table.
+
+Each figure is the median of up to ``rounds`` runs: the first round always runs; after it a
+path runs again only while the measurement's time so far plus that path's last run fits in
+its ``budget`` (seconds), so a slow path (today, the job: about 10 s a run whatever its
+size) costs its own repeats, not the others'. Nothing starts after ``session_seconds``, and
+a run still going then is stopped: the session's time limit holds whatever the paths cost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Publishers:
+    """Slow publishers: ``destinations`` each limited to ``rates`` per second (spread evenly
+    from the first to the second), answering in ``latencies_ms`` (spread likewise, in another
+    order), with ``seconds`` of backlog at their limits (or ``per_destination`` each)."""
+
+    destinations: int
+    rates: tuple[float, float]
+    latencies_ms: tuple[int, int]
+    seconds: float | None = None
+    per_destination: int | None = None
+    total: int | None = None
+
+
+@dataclass(frozen=True)
+class Size:
+    name: str
+    rounds: int
+    budget: dict[str, float]
+    # The longest one run of a path may take before it is stopped and marked incomplete.
+    run_timeout: float
+    # Stop starting measurements after this long (the session's time limit).
+    session_seconds: float
+    emit_rows: int
+    claim_rows: int
+    claim_pages: tuple[int, ...]
+    sketch_rows: int
+    deliver_rows: int
+    deliver_destinations: int
+    deliver_in_flight: int
+    # Fixed cost of a job run: 20 deliveries to each of 1 and of N destinations.
+    fixed_cost_destinations: tuple[int, ...]
+    publishers: dict[str, Publishers]
+    fidelity_seconds: float
+    memory_backlogs: tuple[int, ...]
+    memory_destinations: int
+    # How long a memory run is watched (engine, job) before it is stopped.
+    memory_seconds: tuple[float, float]
+    latency_rate: float
+    latency_seconds: float
+    latency_destinations: int
+    sensor_interval: float
+    # Who starts the runs in the latency measurement: the lag sensor, an operator, or both.
+    latency_drivers: tuple[str, ...] = ("sensor", "by_hand")
+    # Measurements that run the job beside the engine (smoke runs it where it proves the
+    # harness: once through `media-hooks run`, once through the sensor's launches).
+    job_in: frozenset[str] = frozenset({"deliver", "publishers", "memory"})
+
+
+ISSUE_PUBLISHERS = {
+    # Issue 13: 16 destinations x 50 deliveries, each limited to 10/s, receivers at 200 ms.
+    "sixteen": Publishers(16, (10, 10), (200, 200), per_destination=50),
+    # Issue 13: 50 destinations at 5-50/s, receivers at 100-500 ms, 20,000 deliveries.
+    "fifty": Publishers(50, (5, 50), (100, 500), total=20_000),
+}
+
+FULL = Size(
+    name="full",
+    rounds=5,
+    budget={"emit": 60, "claim": 120, "deliver": 180, "publishers": 120, "fidelity": 60},
+    run_timeout=300,
+    session_seconds=19 * 60,
+    emit_rows=100_000,
+    claim_rows=100_000,
+    claim_pages=(250, 1000, 5000),
+    sketch_rows=10_000,
+    deliver_rows=10_000,
+    deliver_destinations=10,
+    deliver_in_flight=4,
+    fixed_cost_destinations=(1, 16),
+    publishers=ISSUE_PUBLISHERS,
+    fidelity_seconds=20,
+    memory_backlogs=(10_000, 100_000, 1_000_000),
+    memory_destinations=5,
+    memory_seconds=(45, 75),
+    latency_rate=20,
+    latency_seconds=30,
+    latency_destinations=4,
+    sensor_interval=1.0,
+)
+
+QUICK = Size(
+    name="quick",
+    rounds=3,
+    budget={"emit": 6, "claim": 8, "deliver": 22, "publishers": 16, "fidelity": 7},
+    run_timeout=30,
+    session_seconds=110,
+    emit_rows=5_000,
+    claim_rows=5_000,
+    claim_pages=(250, 1000, 5000),
+    sketch_rows=500,
+    deliver_rows=300,
+    deliver_destinations=4,
+    deliver_in_flight=4,
+    fixed_cost_destinations=(),
+    publishers={
+        "sixteen": Publishers(4, (10, 10), (200, 200), per_destination=16),
+        "fifty": Publishers(6, (5, 50), (100, 500), seconds=1.5),
+    },
+    fidelity_seconds=2,
+    memory_backlogs=(2_000, 50_000),
+    memory_destinations=5,
+    memory_seconds=(3, 6),
+    latency_rate=20,
+    latency_seconds=1.5,
+    latency_destinations=2,
+    sensor_interval=0.5,
+)
+
+SMOKE = Size(
+    name="smoke",
+    rounds=1,
+    budget={},
+    run_timeout=60,
+    session_seconds=120,
+    emit_rows=300,
+    claim_rows=600,
+    claim_pages=(250, 1000),
+    sketch_rows=200,
+    deliver_rows=60,
+    deliver_destinations=2,
+    deliver_in_flight=2,
+    fixed_cost_destinations=(),
+    publishers={
+        "sixteen": Publishers(2, (10, 10), (50, 50), per_destination=5),
+        "fifty": Publishers(3, (5, 50), (100, 500), seconds=1),
+    },
+    fidelity_seconds=1,
+    memory_backlogs=(100, 300, 1_000),
+    memory_destinations=2,
+    memory_seconds=(2, 10),
+    latency_rate=10,
+    latency_seconds=1,
+    latency_destinations=1,
+    sensor_interval=0.5,
+    latency_drivers=("sensor",),
+    job_in=frozenset({"deliver"}),
+)
+
+SIZES = {size.name: size for size in (SMOKE, QUICK, FULL)}

@@ -156,8 +156,8 @@ def measure(session: Session) -> dict[str, Any]:
         "notes": [
             "Every path is a process of its own; per_second divides the deliveries by its "
             "whole wall time, so a path's start-up counts against it, most at small sizes.",
-            "steady_per_second: distinct deliveries the receiver saw per second over the "
-            "middle 80% of the run's span, by the receiver's timestamps.",
+            "steady_per_second: requests the receiver saw per second over the middle 80% of "
+            "the run's span, by the receiver's timestamps.",
             "Procrastinate: its sync task runs in a thread pool sized to the concurrency; the "
             "jobs are deferred before the worker starts (not timed), as the rows are emitted "
             "before the engine starts.",

@@ -20,15 +20,11 @@ The run ends when every emitted delivery reached the receiver (or at a deadline)
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -37,7 +33,7 @@ from bench import stats
 from bench.fast_receiver import take_log
 from bench.processes import python_command, run_measured, start, stop_group
 from bench.scratch import Destination, add_destinations
-from bench.session import INSTANCE_TEMPLATE, Session
+from bench.session import Session, environment
 from media_hooks.emit import Event, emit
 
 LATENCY_MS = 50
@@ -48,21 +44,6 @@ METRICS = {
     "delivered": "deliveries that reached the receiver",
     "dagster_runs": "delivery runs started",
 }
-
-
-@contextmanager
-def environment(**values: str) -> Iterator[None]:
-    """``os.environ`` with ``values`` set, restored afterwards."""
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 class Emitter(threading.Thread):
@@ -114,13 +95,13 @@ def sensor_driver(session: Session, url: str, storage: str) -> Iterator[Drive]:
     from bench.launch_run import LAG_SENSOR
     from media_hooks.orchestration.definitions import defs
 
-    home = Path(tempfile.mkdtemp(prefix="dagster_", dir=session.home))
-    shutil.copyfile(INSTANCE_TEMPLATE, home / "dagster.yaml")
+    home = session.dagster_home()
     env = session.env(url, storage, DAGSTER_HOME=str(home))
     sensor = defs.resolve_sensor_def(LAG_SENSOR)
     job = defs.resolve_job_def(sensor.job_name)
     done = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
     launched: list[tuple[str, subprocess.Popen]] = []
+    keys: set[str] = set()
 
     def drive(emitter: Emitter, deadline: float) -> int:
         cursor = None
@@ -133,10 +114,17 @@ def sensor_driver(session: Session, url: str, storage: str) -> Iterator[Drive]:
             if isinstance(result, SensorResult):
                 cursor = result.cursor if result.cursor is not None else cursor
                 for request in result.run_requests or []:
+                    tags = {"dagster/sensor_name": sensor.name}
+                    if request.run_key is not None:
+                        # The daemon launches a run key once; a repeat request is dropped.
+                        if request.run_key in keys:
+                            continue
+                        keys.add(request.run_key)
+                        tags["dagster/run_key"] = request.run_key
                     run = instance.create_run_for_job(
                         job_def=job,
                         run_config=request.run_config,
-                        tags={**job.tags, **request.tags, "dagster/sensor_name": sensor.name},
+                        tags={**job.tags, **request.tags, **tags},
                     )
                     process = start(python_command("bench.launch_run", run.run_id), env)
                     launched.append((run.run_id, process))

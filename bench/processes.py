@@ -71,16 +71,7 @@ def run_measured(
 ) -> Finished:
     """Run ``command`` from the repository root, sampling its tree's memory until it exits."""
     started = time.perf_counter()
-    process = subprocess.Popen(
-        command,
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        # Its own process group, so a stop reaches the grandchildren too.
-        start_new_session=True,
-    )
+    process = start(command, env, capture=True)
     peak = 0
     handle = psutil.Process(process.pid)
     deadline = None if timeout is None else started + timeout
@@ -106,16 +97,14 @@ def run_measured(
     )
 
 
-def start(command: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-    """Start ``command`` from the repository root in a session of its own (``stop_group``
-    stops it and everything it started); its output is discarded."""
+def start(
+    command: list[str], env: dict[str, str] | None = None, *, capture: bool = False
+) -> subprocess.Popen:
+    """Start ``command`` from the repository root in a session of its own, so that
+    ``stop_group`` reaches everything it starts; its output is captured (text) or discarded."""
+    output = subprocess.PIPE if capture else subprocess.DEVNULL
     return subprocess.Popen(
-        command,
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+        command, env=env, cwd=REPO, stdout=output, stderr=output, text=True, start_new_session=True
     )
 
 

@@ -119,8 +119,9 @@ def measurement_section(name: str, measurement: Document, plots: dict[str, str])
 
 def targets_section(document: Document) -> str:
     rows = []
-    for name, measurement in document["measurements"].items():
-        for target in measurement.get("targets", []):
+    measurements = document["measurements"]
+    for name in (name for name in SECTIONS if name in measurements):
+        for target in measurements[name].get("targets", []):
             rows.append(
                 [target["target"], number(target["value"]), MET[target["met"]], SECTIONS[name]]
             )
@@ -272,9 +273,11 @@ def render(document: Document) -> str:
     ]
     plots = document.get("plots", {})
     body = [machine_section(document), targets_section(document)]
+    measurements = document["measurements"]
     body += [
-        measurement_section(name, measurement, plots)
-        for name, measurement in document["measurements"].items()
+        measurement_section(name, measurements[name], plots)
+        for name in SECTIONS
+        if name in measurements
     ]
     body.append(
         '## For the README\n\nThe text below is generated for the README\'s "Performance" '

@@ -75,22 +75,20 @@ class Session:
 
         from media_hooks.orchestration.instance import STORAGE_VARIABLE, as_url
 
+        with (
+            environment(**{STORAGE_VARIABLE: as_url(url)}),
+            DagsterInstance.from_config(str(self.dagster_home())) as instance,
+        ):
+            instance.get_runs(limit=1)  # the storage makes its tables on first use
+
+    def dagster_home(self) -> Path:
+        """A new DAGSTER_HOME with the project's instance template (its storage: the
+        environment's MEDIA_HOOKS_DAGSTER_STORAGE_URL)."""
         home = Path(tempfile.mkdtemp(prefix="dagster_", dir=self.home))
         shutil.copyfile(INSTANCE_TEMPLATE, home / "dagster.yaml")
-        saved = os.environ.get(STORAGE_VARIABLE)
-        os.environ[STORAGE_VARIABLE] = as_url(url)
-        try:
-            with DagsterInstance.from_config(str(home)) as instance:
-                instance.get_runs(limit=1)  # the storage makes its tables on first use
-        finally:
-            if saved is None:
-                os.environ.pop(STORAGE_VARIABLE, None)
-            else:
-                os.environ[STORAGE_VARIABLE] = saved
+        return home
 
-    def interleaved(
-        self, name: str, paths: Mapping[str, Callable[[], T]], rounds: int | None = None
-    ) -> dict[str, list[T]]:
+    def interleaved(self, name: str, paths: Mapping[str, Callable[[], T]]) -> dict[str, list[T]]:
         """Each path once per round, in turn (A B C, A B C, ...), so that a neighbour's burst
         of load falls on every path, not on one. The first round always runs (the session's
         time limit permitting). After it, a path runs again only while the measurement's time
@@ -101,7 +99,7 @@ class Session:
         results: dict[str, list[T]] = {path: [] for path in paths}
         last: dict[str, float] = {}
         started = time.monotonic()
-        for number in range(rounds or self.size.rounds):
+        for number in range(self.size.rounds):
             for path, run in paths.items():
                 if number and (path not in last or not self._another(started, last[path], budget)):
                     last.pop(path, None)
@@ -119,6 +117,21 @@ class Session:
     def _another(self, started: float, last: float, budget: float) -> bool:
         now = time.monotonic()
         return now - started + last <= budget and now + last <= self.deadline
+
+
+@contextmanager
+def environment(**values: str) -> Iterator[None]:
+    """This process's ``os.environ`` with ``values`` set, restored afterwards."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @contextmanager

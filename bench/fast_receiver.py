@@ -148,6 +148,13 @@ def fast_receiver(host: str = "127.0.0.1") -> Iterator[str]:
         process.wait(timeout=10)
 
 
+def answered(url: str) -> int:
+    """How many requests the receiver at ``url`` has answered since it started."""
+    with requests.Session() as session:
+        session.trust_env = False
+        return session.get(url + "stats", timeout=30).json()["requests"]
+
+
 def take_log(url: str) -> list[Start]:
     """The requests the receiver at ``url`` recorded since the last call, oldest first."""
     with requests.Session() as session:

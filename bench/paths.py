@@ -15,6 +15,7 @@ the requests the receiver actually saw.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,11 +66,12 @@ def _run(
     commands: list[list[str]],
     env: dict[str, str],
     timeout: float | None,
+    until: Callable[[], bool] | None = None,
 ) -> PathRun:
     take_log(session.receiver)  # whatever an earlier run left
     # No run outlives the session's time limit (a second to stop it cleanly).
     limit = min(timeout or session.size.run_timeout, max(1.0, session.remaining()))
-    finished = run_together(commands, env=env, timeout=limit)
+    finished = run_together(commands, env=env, timeout=limit, until=until)
     starts = take_log(session.receiver)
     return PathRun(path, finished, starts, _documents(finished.stdout))
 
@@ -86,10 +88,16 @@ def _documents(stdout: str) -> Any:
         return None
 
 
-def run_job(session: Session, url: str, storage: str, timeout: float | None = None) -> PathRun:
+def run_job(
+    session: Session,
+    url: str,
+    storage: str,
+    timeout: float | None = None,
+    until: Callable[[], bool] | None = None,
+) -> PathRun:
     """``media-hooks run --until-idle --json``: the Dagster job, as the CLI runs it."""
     command = python_command("media_hooks.cli", "run", "--until-idle", "--json")
-    return _run(session, "job", [command], session.env(url, storage), timeout)
+    return _run(session, "job", [command], session.env(url, storage), timeout, until)
 
 
 def run_engine(
@@ -100,6 +108,7 @@ def run_engine(
     page_size: int = 1000,
     batch_size: int = 1000,
     timeout: float | None = None,
+    until: Callable[[], bool] | None = None,
     **env: str,
 ) -> PathRun:
     """The engine in a process of its own (``copies`` processes at once): ``deliver_due`` with
@@ -119,7 +128,7 @@ def run_engine(
         )
         for n in range(1, copies + 1)
     ]
-    return _run(session, "engine", commands, session.env(url, **env), timeout)
+    return _run(session, "engine", commands, session.env(url, **env), timeout, until)
 
 
 def run_peer(

@@ -10,11 +10,13 @@ complete.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,9 @@ import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_SECONDS = 0.1
+UNTIL_EVERY = 5
+# How long a stopped run may take to end by itself before it is killed.
+STOP_GRACE_SECONDS = 3
 
 
 @dataclass(frozen=True)
@@ -31,7 +36,7 @@ class Finished:
 
     seconds: float
     peak_rss_mib: float
-    returncode: int | None  # None: stopped at its time limit
+    returncode: int | None  # None: stopped (its time limit, or its ``until``)
     stdout: str
     stderr: str
 
@@ -42,7 +47,7 @@ class Finished:
     def failure(self) -> str:
         """One line saying why the process did not complete."""
         if self.returncode is None:
-            return f"stopped at its time limit after {self.seconds:.0f} s"
+            return f"stopped after {self.seconds:.0f} s"
         last = (self.stderr.strip().splitlines() or ["(no output)"])[-1]
         return f"exit status {self.returncode}: {last[:300]}"
 
@@ -67,29 +72,37 @@ def python_command(module: str, *args: str) -> list[str]:
 
 
 def run_measured(
-    command: list[str], env: dict[str, str] | None = None, timeout: float | None = None
+    command: list[str],
+    env: dict[str, str] | None = None,
+    timeout: float | None = None,
+    until: Callable[[], bool] | None = None,
 ) -> Finished:
-    """Run ``command`` from the repository root, sampling its tree's memory until it exits."""
+    """Run ``command`` from the repository root, sampling its tree's memory until it exits, or
+    until ``timeout`` seconds pass or ``until()`` is true (asked every few samples), when it is
+    stopped; the wall time is then the time to that moment."""
     started = time.perf_counter()
     process = start(command, env, capture=True)
     peak = 0
     handle = psutil.Process(process.pid)
     deadline = None if timeout is None else started + timeout
     returncode: int | None = None
-    while True:
+    for sample in itertools.count():
         peak = max(peak, tree_rss(handle))
         try:
             # A retried communicate() loses no output; the last call returns all of it.
             out, err = process.communicate(timeout=SAMPLE_SECONDS)
             returncode = process.returncode
+            seconds = time.perf_counter() - started
             break
         except subprocess.TimeoutExpired:
             pass
-        if deadline is not None and time.perf_counter() >= deadline:
+        timed_out = deadline is not None and time.perf_counter() >= deadline
+        if timed_out or (until is not None and sample % UNTIL_EVERY == 0 and until()):
+            seconds = time.perf_counter() - started
             out, err = stop_group(process)
             break
     return Finished(
-        seconds=time.perf_counter() - started,
+        seconds=seconds,
         peak_rss_mib=peak / 2**20,
         returncode=returncode,
         stdout=out,
@@ -109,14 +122,17 @@ def start(
 
 
 def run_together(
-    commands: list[list[str]], env: dict[str, str] | None = None, timeout: float | None = None
+    commands: list[list[str]],
+    env: dict[str, str] | None = None,
+    timeout: float | None = None,
+    until: Callable[[], bool] | None = None,
 ) -> Finished:
     """Run several commands at once (each measured as by ``run_measured``), as one: the
     longest wall time, the sum of the peaks, the first failure, their outputs line by line."""
     if len(commands) == 1:
-        return run_measured(commands[0], env, timeout)
+        return run_measured(commands[0], env, timeout, until)
     with ThreadPoolExecutor(max_workers=len(commands)) as pool:
-        done = list(pool.map(lambda command: run_measured(command, env, timeout), commands))
+        done = list(pool.map(lambda c: run_measured(c, env, timeout, until), commands))
     failed = [f for f in done if not f.complete]
     return Finished(
         seconds=max(f.seconds for f in done),
@@ -132,7 +148,7 @@ def stop_group(process: subprocess.Popen) -> tuple[str | None, str | None]:
     what it printed."""
     _signal_group(process, signal.SIGTERM)
     try:
-        out, err = process.communicate(timeout=10)
+        out, err = process.communicate(timeout=STOP_GRACE_SECONDS)
     except subprocess.TimeoutExpired:
         _signal_group(process, signal.SIGKILL)
         out, err = process.communicate()

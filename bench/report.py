@@ -215,11 +215,12 @@ def _headline(document: Document) -> list[str]:
             "it, never above burst + rate·t): "
             + ("yes." if held else "not every target held; see the report.")
         )
-    memory = measurements.get("memory", {}).get("ratios", [])
-    for r in memory:
+    memory = measurements.get("memory", {})
+    for r in memory.get("ratios", []):
+        backlogs = memory["size"]["backlogs"]
         lines.append(
-            f"Peak memory of a {r['of'].split('_')[0]} run grows {number(r['value'])}x from the "
-            "smallest to the largest backlog measured."
+            f"Peak memory of the {r['of'].split('_')[0]}'s run over {backlogs[-1]:,} due "
+            f"deliveries is {number(r['value'])}x its peak over {backlogs[0]:,}."
         )
     for path in ("sensor", "by_hand"):
         p50 = median("latency", path, "p50_seconds")

@@ -52,7 +52,9 @@ class Size:
     fidelity_seconds: float
     memory_backlogs: tuple[int, ...]
     memory_destinations: int
-    # How long a memory run is watched (engine, job) before it is stopped.
+    # A memory run is watched until the receiver has seen this many of its deliveries (or it
+    # ends), and at most ``memory_seconds`` (engine, job); then it is stopped.
+    memory_deliveries: int
     memory_seconds: tuple[float, float]
     latency_rate: float
     latency_seconds: float
@@ -90,7 +92,8 @@ FULL = Size(
     fidelity_seconds=20,
     memory_backlogs=(10_000, 100_000, 1_000_000),
     memory_destinations=5,
-    memory_seconds=(45, 75),
+    memory_deliveries=5_000,
+    memory_seconds=(60, 120),
     latency_rate=20,
     latency_seconds=30,
     latency_destinations=4,
@@ -118,7 +121,8 @@ QUICK = Size(
     fidelity_seconds=2,
     memory_backlogs=(2_000, 50_000),
     memory_destinations=5,
-    memory_seconds=(2, 5),
+    memory_deliveries=300,
+    memory_seconds=(5, 20),
     latency_rate=20,
     latency_seconds=1,
     latency_destinations=2,
@@ -146,7 +150,8 @@ SMOKE = Size(
     fidelity_seconds=1,
     memory_backlogs=(100, 300, 1_000),
     memory_destinations=2,
-    memory_seconds=(2, 10),
+    memory_deliveries=100,
+    memory_seconds=(5, 30),
     latency_rate=10,
     latency_seconds=1,
     latency_destinations=1,

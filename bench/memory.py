@@ -23,6 +23,7 @@ from bench.session import Session
 METRICS = {
     "peak_rss_mib": "peak RSS of the run's process tree, MiB",
     "delivered": "deliveries the receiver saw while the run was watched",
+    "fairness": "least / most served destination's deliveries while watched",
     "seconds": "time watched, s",
 }
 
@@ -50,13 +51,12 @@ def measure(session: Session) -> dict[str, Any]:
         def engine(template: str = template) -> dict:
             with session.scratch.database(template) as url:
                 run = paths.run_engine(session, url, timeout=engine_seconds, until=enough())
-                return _watched(run)
+                return _watched(run, size.memory_destinations)
 
         def job(template: str = template) -> dict:
             with session.scratch.database(template) as url, session.dagster_storage() as storage:
-                return _watched(
-                    paths.run_job(session, url, storage, timeout=job_seconds, until=enough())
-                )
+                run = paths.run_job(session, url, storage, timeout=job_seconds, until=enough())
+                return _watched(run, size.memory_destinations)
 
         runners[f"engine_{backlog}"] = engine
         if "memory" in size.job_in:
@@ -78,6 +78,16 @@ def measure(session: Session) -> dict[str, Any]:
         )
         for r in ratios
     ]
+    for path in ("engine", "job"):
+        if f"{path}_{largest}" in figures:
+            targets.append(
+                stats.target(
+                    f"{path}: destinations served round-robin on {largest:,} due: the least "
+                    "served gets at least half the most served's deliveries (issue 13, part 2)",
+                    figures[f"{path}_{largest}"]["fairness"]["median"],
+                    0.5,
+                )
+            )
     return {
         "title": "Memory: peak RSS of a run's process tree by backlog",
         "metrics": METRICS,
@@ -103,10 +113,14 @@ def measure(session: Session) -> dict[str, Any]:
     }
 
 
-def _watched(run: paths.PathRun) -> dict[str, Any]:
+def _watched(run: paths.PathRun, destinations: int) -> dict[str, Any]:
+    served = [len(times) for times in paths.starts_by_destination(run.starts).values()]
+    served += [0] * (destinations - len(served))
     return {
         "peak_rss_mib": run.finished.peak_rss_mib,
         "delivered": run.delivered,
+        # 1: every destination got as many deliveries as the best served; 0: one got none.
+        "fairness": min(served) / max(served) if max(served) else None,
         "seconds": run.finished.seconds,
         # Stopped at its time limit is expected here; only a failure is an error.
         "finished": run.finished.complete,

@@ -153,14 +153,24 @@ def spread(rows: int, destination_ids: Sequence[str]) -> dict[str, int]:
     }
 
 
-def add_due_deliveries(url: str, prefix: str, counts: Mapping[str, int]) -> None:
-    """``counts[destination]`` due deliveries for each destination, then fresh statistics."""
+def add_due_deliveries(
+    url: str, prefix: str, counts: Mapping[str, int], *, analyze: bool = True
+) -> None:
+    """``counts[destination]`` due deliveries for each destination, then fresh statistics
+    (or, ``analyze`` False, the statistics of the tables before the load, kept stale: the
+    tables' autovacuum is turned off, as on a freshly loaded table autovacuum has not
+    reached)."""
     with psycopg.connect(url, autocommit=True) as conn:
+        if not analyze:
+            for table in ("webhook_delivery", "dispatch_outbox", "delivery_attempt"):
+                conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+            conn.execute("ANALYZE")
         conn.execute(
             SEED_DELIVERIES,
             {"prefix": prefix, "destinations": list(counts), "counts": list(counts.values())},
         )
-        conn.execute("VACUUM ANALYZE")
+        if analyze:
+            conn.execute("VACUUM ANALYZE")
 
 
 def machine() -> dict[str, Any]:

@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         document = json.loads((args.out / "latest.json").read_text())
         document["plots"] = plots.draw(document, args.out)
+        suite.write(document, args.out)
         (args.out / "REPORT.md").write_text(report.render(document))
         print(f"rewrote {args.out / 'REPORT.md'}")
         return 0

@@ -121,9 +121,8 @@ def measure(session: Session) -> dict[str, Any]:
         },
         "size": {
             "seconds_at_limit": seconds,
-            "destinations": [
-                {"id": d.destination_id, "rate": d.rate_per_second, "burst": d.burst} for d in found
-            ],
+            "rates_per_second": [d.rate_per_second for d in found],
+            "bursts": [d.burst for d in found],
             "deliveries": sum(counts.values()),
             "receiver_latency_ms": LATENCY_MS,
             "runs_at_once": 2,

@@ -105,27 +105,15 @@ def run_engine(
     url: str,
     *,
     copies: int = 1,
-    page_size: int = 1000,
-    batch_size: int = 1000,
     timeout: float | None = None,
     until: Callable[[], bool] | None = None,
     **env: str,
 ) -> PathRun:
     """The engine in a process of its own (``copies`` processes at once): ``deliver_due`` with
-    the configuration's defaults (batches of 1,000, a delivery's threads on one CPU) and any
-    other configuration given as environment variables (``env``)."""
+    its defaults (the job's: claim pages of 250, batches of 1,000) and the configuration's
+    (a delivery's threads on one CPU), and any configuration given as environment variables."""
     commands = [
-        python_command(
-            "bench.run_peer",
-            "engine",
-            url,
-            "--run-id",
-            f"bench-engine-{n}",
-            "--page-size",
-            str(page_size),
-            "--batch-size",
-            str(batch_size),
-        )
+        python_command("bench.run_peer", "engine", url, "--run-id", f"bench-engine-{n}")
         for n in range(1, copies + 1)
     ]
     return _run(session, "engine", commands, session.env(url, **env), timeout, until)

@@ -55,7 +55,8 @@ def _post(session: requests.Session, url: str, delivery_id: str, body: bytes) ->
     response.raise_for_status()
 
 
-def engine(url: str, run_id: str, page_size: int, batch_size: int) -> dict:
+def engine(url: str, run_id: str, **options: int) -> dict:
+    """``deliver_due`` with its own defaults, and any ``options`` given (page_size, ...)."""
     from media_hooks import db
     from media_hooks.config import Settings
     from media_hooks.delivery_run import deliver_due
@@ -65,9 +66,7 @@ def engine(url: str, run_id: str, page_size: int, batch_size: int) -> dict:
     # One connection per destination batch at once, and a few for the claim and records.
     with db.open_pool(url, max_size=destinations + 4) as pool:
         started = time.perf_counter()
-        report = deliver_due(
-            pool, run_id, Settings.from_env(), page_size=page_size, batch_size=batch_size
-        )
+        report = deliver_due(pool, run_id, Settings.from_env(), **options)
         seconds = time.perf_counter() - started
     return {
         "seconds": seconds,
@@ -158,7 +157,6 @@ def procrastinate_worker(url: str, concurrency: int) -> dict:
                 concurrency=concurrency,
                 wait=False,
                 install_signal_handlers=False,
-                listen_notify=False,
             )
             return time.perf_counter() - started
 

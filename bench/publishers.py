@@ -126,8 +126,8 @@ def measure_scenario(session: Session, name: str, scenario: Publishers) -> dict[
     return {
         "scenario": {
             "destinations": len(found),
-            "rates_per_second": list(scenario.rates),
-            "latencies_ms": list(scenario.latencies_ms),
+            "rates_per_second": "{:g}–{:g}".format(*scenario.rates),
+            "latencies_ms": "{}–{}".format(*scenario.latencies_ms),
             "deliveries": expected,
             "sum_of_limits_per_second": round(sum_of_limits, 1),
             "ideal_seconds": round(

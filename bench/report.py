@@ -55,19 +55,14 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 def _size(size: dict[str, Any]) -> str:
     parts = []
     for key, value in size.items():
-        if isinstance(value, dict):
-            parts.append(f"{key}: " + ", ".join(f"{k} {number(v)}" for k, v in value.items()))
+        words = key.replace("_", " ")
+        if isinstance(value, dict):  # a scenario, or a figure per path
+            parts.append(f"{key}: " + _size(value).replace("; ", ", "))
         elif isinstance(value, list):
-            parts.append(f"{key} " + ", ".join(_list_item(v) for v in value))
+            parts.append(f"{words} " + "/".join(number(v) for v in value))
         else:
-            parts.append(f"{key.replace('_', ' ')} {number(value)}")
+            parts.append(f"{words} {number(value)}")
     return "; ".join(parts)
-
-
-def _list_item(value: Any) -> str:
-    if isinstance(value, dict):
-        return " ".join(number(v) for v in value.values())
-    return number(value)
 
 
 def measurement_section(name: str, measurement: Document, plots: dict[str, str]) -> str:

@@ -25,17 +25,24 @@ def main() -> None:
         command = commands.add_parser(name)
         command.add_argument("url")
     commands.choices["engine"].add_argument("--run-id", required=True)
-    commands.choices["engine"].add_argument("--page-size", type=int, default=1000)
-    commands.choices["engine"].add_argument("--batch-size", type=int, default=1000)
+    commands.choices["engine"].add_argument("--page-size", type=int)
+    commands.choices["engine"].add_argument("--batch-size", type=int)
     commands.choices["procrastinate"].add_argument("--concurrency", type=int, required=True)
     args = parser.parse_args()
     actions: dict[str, Callable[[], dict]] = {
-        "engine": lambda: peers.engine(args.url, args.run_id, args.page_size, args.batch_size),
+        "engine": lambda: peers.engine(
+            args.url, args.run_id, **_given(args, "page_size", "batch_size")
+        ),
         "bare": lambda: peers.bare(args.url),
         "rejected": lambda: peers.rejected(args.url),
         "procrastinate": lambda: peers.procrastinate_worker(args.url, args.concurrency),
     }
     print(json.dumps(actions[args.command]()), flush=True)
+
+
+def _given(args: argparse.Namespace, *names: str) -> dict[str, int]:
+    """The options given on the command line (the rest keep deliver_due's defaults)."""
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
 if __name__ == "__main__":

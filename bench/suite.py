@@ -98,7 +98,12 @@ def run(size: Size, only: Sequence[str], out: Path, command: str) -> dict[str, A
     document["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
     document["machine"]["load_average_after"] = machine()["load_average"]
     out.mkdir(parents=True, exist_ok=True)
+    write(document, out)  # the figures are safe before anything is drawn from them
     document["plots"] = plots.draw(document, out)
-    (out / "latest.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
+    write(document, out)
     (out / "REPORT.md").write_text(report.render(document))
     return document
+
+
+def write(document: dict[str, Any], out: Path) -> None:
+    (out / "latest.json").write_text(json.dumps(document, indent=2, default=str) + "\n")

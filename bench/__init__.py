@@ -8,7 +8,7 @@ The suite (``suite``) runs one measurement module per section of the report:
 on shared parts:
 
 - ``session``: the size, scratch databases (``scratch``), the receiver (``fast_receiver``),
-  Dagster storage, time budgets and interleaved rounds;
+  Dagster storage, time slices and interleaved rounds;
 - ``paths``: the job (``media-hooks run``), the engine and the peers (``peers``, run by
   ``run_peer``; a sensor's runs by ``launch_run``), each a measured process (``processes``);
 - ``stats``: medians and ranges, ratios, steady state, the rate envelope;

@@ -155,7 +155,7 @@ def measure(session: Session) -> dict[str, Any]:
     # Issue 13, part 2: the claim's speed must not depend on ANALYZE having run.
     paths["small_analyzed"] = timed(small, size.sketch_rows, lambda url: one(url, 1000))
     paths["small_unanalyzed"] = timed(stale, size.sketch_rows, lambda url: one(url, 1000))
-    runs = session.interleaved("claim", paths)
+    runs = session.interleaved(paths)
     figures = stats.summarize(runs, ["per_second"])
     pairs = []
     for page in size.claim_pages:

@@ -125,7 +125,6 @@ def measure(session: Session) -> dict[str, Any]:
             return run
 
         runs = session.interleaved(
-            "emit",
             {
                 "emit_many": fresh(lambda url: _emit_many(url, batch)),
                 "emit_file": fresh(lambda url: _emit_file(session, url, jsonl, rows)),

@@ -81,7 +81,7 @@ def measure(session: Session) -> dict[str, Any]:
         with session.scratch.database(template) as url:
             return check(paths.run_engine(session, url, copies=2), found)
 
-    runs = session.interleaved("fidelity", {"two_engine_runs": two_runs})
+    runs = session.interleaved({"two_engine_runs": two_runs})
     results = runs["two_engine_runs"]
     figures = {}
     targets = []

@@ -192,8 +192,8 @@ def measure(session: Session) -> dict[str, Any]:
         ):
             take_log(session.receiver)
             emitter = Emitter(url, [d.destination_id for d in found], size.latency_rate, count)
-            deadline = min(
-                time.monotonic() + size.latency_seconds + 2 * size.run_timeout, session.deadline
+            deadline = time.monotonic() + min(
+                size.latency_seconds + 2 * size.run_timeout, session.remaining()
             )
             emitter.start()
             runs = drive(emitter, deadline)
@@ -219,7 +219,7 @@ def measure(session: Session) -> dict[str, Any]:
 
     drivers = {"sensor": sensor_driver, "by_hand": by_hand_driver}
     runners = {name: lambda driver=drivers[name]: driven(driver) for name in size.latency_drivers}
-    runs = session.interleaved("latency", runners)
+    runs = session.interleaved(runners)
     figures = stats.summarize(runs, list(METRICS))
     ratios = stats.ratios(figures, [("sensor", "by_hand")], "p50_seconds")
     ratios += stats.ratios(figures, [("sensor", "by_hand")], "p99_seconds")

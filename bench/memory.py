@@ -61,7 +61,7 @@ def measure(session: Session) -> dict[str, Any]:
         runners[f"engine_{backlog}"] = engine
         if "memory" in size.job_in:
             runners[f"job_{backlog}"] = job
-    figures = stats.summarize(session.interleaved("memory", runners), list(METRICS))
+    figures = stats.summarize(session.interleaved(runners), list(METRICS))
     smallest, largest = size.memory_backlogs[0], size.memory_backlogs[-1]
     ratios = []
     for path in ("engine", "job"):

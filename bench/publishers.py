@@ -120,7 +120,7 @@ def measure_scenario(session: Session, name: str, scenario: Publishers) -> dict[
     runners: dict[str, Callable[[], dict]] = {"engine": engine}
     if "publishers" in session.size.job_in:
         runners["job"] = job
-    runs = session.interleaved("publishers", runners)
+    runs = session.interleaved(runners)
     figures = stats.summarize(runs, list(METRICS))
     sum_of_limits = sum(d.rate_per_second for d in found)
     return {
@@ -141,10 +141,10 @@ def measure_scenario(session: Session, name: str, scenario: Publishers) -> dict[
 
 
 def measure(session: Session) -> dict[str, Any]:
-    scenarios = {
-        name: measure_scenario(session, name, scenario)
-        for name, scenario in session.size.publishers.items()
-    }
+    scenarios = {}
+    for number, (name, scenario) in enumerate(session.size.publishers.items()):
+        with session.share(len(session.size.publishers) - number):
+            scenarios[name] = measure_scenario(session, name, scenario)
     figures = {
         f"{path}_{name}": entry
         for name, scenario in scenarios.items()

@@ -1,4 +1,4 @@
-"""One benchmark session: its size, scratch databases, receiver, Dagster storage, time budget.
+"""One benchmark session: its size, scratch databases, receiver, Dagster storage, time.
 
 Every measurement gets the session and asks it for what it needs: a fresh database cloned
 from a seeded template, a fresh Dagster storage (so no run of an earlier measurement is
@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -33,13 +33,28 @@ class Session:
     scratch: Scratch
     receiver: str
     home: Path
-    # time.monotonic() after which nothing new starts and runs are cut short: the session's
-    # time limit (``Size.session_seconds``).
+    # time.monotonic() after which nothing new starts and runs are cut short: the end of the
+    # current time slice (the session's, a measurement's, a path's; see ``time_slice``).
     deadline: float
 
     def remaining(self) -> float:
-        """Seconds left before the session's time limit."""
+        """Seconds left in the current time slice."""
         return self.deadline - time.monotonic()
+
+    @contextmanager
+    def time_slice(self, seconds: float) -> Iterator[None]:
+        """At most ``seconds`` more (and never past the enclosing slice's end) for what runs
+        inside; what it leaves unused goes back to the enclosing slice."""
+        outer = self.deadline
+        self.deadline = min(outer, time.monotonic() + seconds)
+        try:
+            yield
+        finally:
+            self.deadline = outer
+
+    def share(self, parts: int) -> AbstractContextManager[None]:
+        """A slice of an equal part of what is left, of ``parts`` parts still to come."""
+        return self.time_slice(self.remaining() / max(parts, 1))
 
     def env(self, url: str, storage: str | None = None, **extra: str) -> dict[str, str]:
         """A process's environment bound to database ``url`` (and Dagster storage ``storage``),
@@ -60,11 +75,14 @@ class Session:
             env["MEDIA_HOOKS_DAGSTER_STORAGE_URL"] = as_url(storage)
         return env
 
+    def dagster_template(self) -> str:
+        """The template of every Dagster storage, made on first use (Dagster loads then)."""
+        return self.scratch.template("dagster", self._init_dagster_storage)
+
     @contextmanager
     def dagster_storage(self) -> Iterator[str]:
         """A fresh Dagster storage database (its schema made once, then cloned)."""
-        template = self.scratch.template("dagster", self._init_dagster_storage)
-        url = self.scratch.create(template)
+        url = self.scratch.create(self.dagster_template())
         try:
             yield url
         finally:
@@ -88,35 +106,32 @@ class Session:
         shutil.copyfile(INSTANCE_TEMPLATE, home / "dagster.yaml")
         return home
 
-    def interleaved(self, name: str, paths: Mapping[str, Callable[[], T]]) -> dict[str, list[T]]:
+    def interleaved(self, paths: Mapping[str, Callable[[], T]]) -> dict[str, list[T]]:
         """Each path once per round, in turn (A B C, A B C, ...), so that a neighbour's burst
-        of load falls on every path, not on one. The first round always runs (the session's
-        time limit permitting). After it, a path runs again only while the measurement's time
-        so far plus that path's last run fits in the measurement's budget (``Size.budget``)
-        and before the session's time limit: a slow path costs its own repeats, not the
-        others'. A path whose run did not complete is not run again."""
-        budget = self.size.budget.get(name, 0.0)
+        of load falls on every path, not on one.
+
+        In the first round each path gets an equal share of the time left (what a quick path
+        leaves over goes to the next: put the slow paths last); a run still going at the end
+        of its share is stopped and marked incomplete. After it, a path runs again only while
+        its last run fits in the time left, so a slow path costs its own repeats, not the
+        others'; a path whose run did not complete is not run again."""
         results: dict[str, list[T]] = {path: [] for path in paths}
         last: dict[str, float] = {}
-        started = time.monotonic()
         for number in range(self.size.rounds):
-            for path, run in paths.items():
-                if number and (path not in last or not self._another(started, last[path], budget)):
+            for position, (path, run) in enumerate(paths.items()):
+                if number and (path not in last or last[path] > self.remaining()):
                     last.pop(path, None)
                     continue
-                if not number and self.remaining() <= 0:
+                if self.remaining() <= 0:
                     continue
                 began = time.monotonic()
-                result = run()
+                with self.share(len(paths) - position if not number else 1):
+                    result = run()
                 results[path].append(result)
                 last[path] = time.monotonic() - began
                 if isinstance(result, dict) and result.get("complete") is False:
                     last.pop(path)
         return results
-
-    def _another(self, started: float, last: float, budget: float) -> bool:
-        now = time.monotonic()
-        return now - started + last <= budget and now + last <= self.deadline
 
 
 @contextmanager

@@ -154,14 +154,15 @@ def measure(session: Session) -> dict[str, Any]:
     targets = []
     for name in scenarios:
         ratios += stats.ratios(figures, [(f"job_{name}", f"engine_{name}")], "fraction_of_limits")
-        for path in ("job", "engine"):
-            entry = figures.get(f"{path}_{name}")
+        job, engine = figures.get(f"job_{name}"), figures.get(f"engine_{name}")
+        for path, entry in (("job", job), ("engine", engine)):
             targets.append(
                 stats.target(
                     f"{path} at least 0.9x the sum of limits in steady state, scenario {name} "
                     "(issue 13, part 1)",
                     entry["fraction_of_limits"]["median"] if entry else None,
                     0.9,
+                    depends=(entry,),
                 )
             )
         targets.append(
@@ -169,6 +170,7 @@ def measure(session: Session) -> dict[str, Any]:
                 f"job at least 0.9x the engine, scenario {name} (issue 13, part 1)",
                 ratios[-1]["value"] if ratios and ratios[-1]["of"] == f"job_{name}" else None,
                 0.9,
+                depends=(job, engine),
             )
         )
     return {

@@ -117,9 +117,10 @@ def targets_section(document: Document) -> str:
     measurements = document["measurements"]
     for name in (name for name in SECTIONS if name in measurements):
         for target in measurements[name].get("targets", []):
-            rows.append(
-                [target["target"], number(target["value"]), MET[target["met"]], SECTIONS[name]]
-            )
+            verdict = MET[target["met"]]
+            if "why_not_measured" in target:
+                verdict += f": {target['why_not_measured']}"
+            rows.append([target["target"], number(target["value"]), verdict, SECTIONS[name]])
     if not rows:
         return "## Targets\n\nNo target was measured in this session.\n"
     met = sum(1 for row in rows if row[2] == MET[True])
@@ -167,6 +168,12 @@ def _headline(document: Document) -> list[str]:
         entry = measurements.get(name, {}).get("figures", {}).get(path, {})
         return entry.get(metric, {}).get("median")
 
+    def cut(name: str, *paths: str) -> str:
+        figures = measurements.get(name, {}).get("figures", {})
+        if any(figures.get(path, {}).get("errors") for path in paths):
+            return " (a run was cut short: see the report)"
+        return ""
+
     if (value := ratio("emit", "emit_many", "bare_copy", "per_second")) is not None:
         lines.append(
             f"Bulk emit records {number(median('emit', 'emit_many', 'per_second'))} rows/s, "
@@ -188,19 +195,22 @@ def _headline(document: Document) -> list[str]:
                 f"Procrastinate, {number(ratio('deliver', path, 'rejected_design', 'per_second'))}x "
                 "the record's rejected single loop, "
                 f"{number(ratio('deliver', path, 'bare_requests', 'per_second'))}x a bare "
-                "requests loop."
+                f"requests loop{cut('deliver', path, 'procrastinate')}."
             )
     for path in ("engine", "job"):
-        fractions = [
-            (name.split("_", 1)[1], entry["fraction_of_limits"]["median"])
+        entries = {
+            name: entry
             for name, entry in measurements.get("publishers", {}).get("figures", {}).items()
             if name.startswith(f"{path}_")
-        ]
-        if fractions:
+        }
+        if entries:
             lines.append(
                 f"On slow, rate-limited publishers the {path} reaches "
-                + " and ".join(f"{number(v)} ({s})" for s, v in fractions)
-                + " of the sum of their limits in steady state."
+                + " and ".join(
+                    f"{number(e['fraction_of_limits']['median'])} ({n.split('_', 1)[1]})"
+                    for n, e in entries.items()
+                )
+                + f" of the sum of their limits in steady state{cut('publishers', *entries)}."
             )
     fidelity = measurements.get("fidelity", {}).get("targets", [])
     if fidelity:

@@ -120,11 +120,24 @@ def plot_bin(times: Sequence[float]) -> float:
     return min(1.0, max(0.05, (max(times) - min(times)) / 30))
 
 
-def target(text: str, value: float | None, bound: float, *, at_most: bool = False) -> dict:
-    """One target of the report: its words, the measured value, and whether it is met
-    (None: not measured)."""
-    met = None if value is None else (value <= bound if at_most else value >= bound)
-    return {"target": text, "value": value, "met": met}
+def target(
+    text: str,
+    value: float | None,
+    bound: float,
+    *,
+    at_most: bool = False,
+    depends: Iterable[Mapping[str, Any] | None] = (),
+) -> dict:
+    """One target of the report: its words, the measured value, and whether it is met. It is
+    not measured (``met`` None) without a value, or when a run of a path it ``depends`` on
+    (their figures) did not complete: a run cut short proves nothing either way."""
+    errors = [e for entry in depends if entry for e in entry.get("errors", [])]
+    missing = value is None or any(entry is None for entry in depends)
+    met = None if missing or errors else (value <= bound if at_most else value >= bound)
+    found = {"target": text, "value": value, "met": met}
+    if errors:
+        found["why_not_measured"] = errors[0]
+    return found
 
 
 def summarize(runs: Mapping[str, Sequence[Mapping[str, Any]]], metrics: Sequence[str]) -> dict:

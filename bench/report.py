@@ -225,7 +225,8 @@ def _headline(document: Document) -> list[str]:
         backlogs = memory["size"]["backlogs"]
         lines.append(
             f"Peak memory of the {r['of'].split('_')[0]}'s run over {backlogs[-1]:,} due "
-            f"deliveries is {number(r['value'])}x its peak over {backlogs[0]:,}."
+            f"deliveries is {number(r['value'])}x its peak over {backlogs[0]:,}"
+            f"{cut('memory', r['of'], r['to'])}."
         )
     for path in ("sensor", "by_hand"):
         p50 = median("latency", path, "p50_seconds")
@@ -245,8 +246,9 @@ def performance_section(document: Document) -> str:
         f"Measured by `python -m bench` on {document['machine']['cpus']} cores "
         f"({document['machine']['cpu_model']}), PostgreSQL {document['postgres']['version']}, "
         f"at the {document['size']} size; every ratio is of two figures measured in the same "
-        "session, each the median of several runs. The full report, with the machine, every "
-        "figure's range and the targets: `bench/results/REPORT.md`.",
+        f"session, each the median of up to {document['rounds']} interleaved runs. The full "
+        "report, with the machine, every figure's range and run count, and the targets: "
+        "`bench/results/REPORT.md`.",
         "",
     ]
     lines += [f"- {line}" for line in _headline(document)]

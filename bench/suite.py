@@ -69,6 +69,7 @@ def run(size: Size, only: Sequence[str], out: Path, command: str) -> dict[str, A
     document: dict[str, Any] = {
         "schema": 1,
         "size": size.name,
+        "rounds": size.rounds,
         "command": command,
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "git": _git(),

@@ -25,7 +25,11 @@ from bench.sizes import FULL, QUICK, SMOKE
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="media_hooks' benchmark report: every measurement beside its peers, as "
+        "ratios measured in one session (run from the repository root).",
+    )
     sizes = parser.add_mutually_exclusive_group()
     sizes.add_argument("--quick", action="store_true", help="scaled down: under 2 minutes")
     sizes.add_argument("--smoke", action="store_true", help="tiny: CI's check that it all runs")
@@ -47,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
             f"unknown measurement {unknown[0]!r} (choose from {', '.join(suite.MEASUREMENTS)})"
         )
     if args.report:
+        if not (args.out / "latest.json").is_file():
+            parser.error(f"no {args.out / 'latest.json'} to report from: run the benchmark first")
         document = json.loads((args.out / "latest.json").read_text())
         document["plots"] = plots.draw(document, args.out)
         suite.write(document, args.out)

@@ -41,10 +41,16 @@ class PathRun:
         """Distinct deliveries the receiver saw (a repeat of one counts once)."""
         return len({start.webhook_id for start in self.starts})
 
-    def figures(self, expected: int | None = None) -> dict[str, Any]:
-        """The per-run figures every delivery measurement reports."""
+    def figures(self, expected: int | None = None, *, wall: bool = True) -> dict[str, Any]:
+        """The per-run figures every delivery measurement reports.
+
+        The run is complete when the receiver saw every expected delivery and, where its wall
+        time is a figure (``wall``), the process ended by itself: a process stopped after it
+        had delivered everything still gives true receiver-side figures.
+        """
         times = [start.at for start in self.starts]
-        complete = self.finished.complete and (expected is None or self.delivered >= expected)
+        delivered_all = expected is None or self.delivered >= expected
+        complete = delivered_all and (self.finished.complete or not wall)
         figures: dict[str, Any] = {
             "complete": complete,
             "seconds": self.finished.seconds,

@@ -256,8 +256,9 @@ def performance_section(document: Document) -> str:
         lines += ["", f"![deliveries per second](bench/results/{document['plots']['deliver']})"]
     lines += [
         "",
-        "Run it: `python -m bench` (under 20 minutes), `--quick` (under 2), `--smoke` (CI's, "
-        "seconds); `pip install -e '.[bench]'` first for the peers.",
+        "Run it from the repository root: `python -m bench` (under 20 minutes), `--quick` "
+        "(under 2), `--smoke` (CI's, under a minute on a quiet machine); "
+        "`pip install -e '.[dev,bench]'` first, for the peers.",
     ]
     return "\n".join(lines) + "\n"
 

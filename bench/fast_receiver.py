@@ -1,17 +1,23 @@
-"""A receiver that answers every POST with 200 at once: the far end of throughput benchmarks.
+"""The benchmarks' receiver: many destinations on one asyncio server, each with its own latency.
 
 ``http.server`` (one thread per connection, a Python parser) tops out well below what the
-sender can push, so benchmarks measuring the sender need something faster: this is a minimal
-HTTP/1.1 keep-alive server on asyncio's protocol layer, run in its own process so it has its
-own core. It does not verify or deduplicate anything; ``GET /stats`` returns the number of
-requests answered so far.
+sender can push, so benchmarks need something faster: this is a minimal HTTP/1.1 keep-alive
+server on asyncio's protocol layer, run in its own process so it has its own core. It answers
+every POST with 200 and verifies nothing.
 
-From a benchmark in ``bench/`` (its folder is on ``sys.path`` when run as a script)::
+A path's first segment, when it is a number, is that destination's latency in milliseconds:
+``/200/dest-3`` answers after 200 ms, ``/0/dest-1`` (or ``/``) at once. The answer waits on a
+timer, never on a thread, so a thousand slow requests in flight cost nothing. Every POST is
+recorded when its head and body have arrived (its start, as the receiver sees it): its
+wall-clock time (``time.time()``, comparable with the harness's on this machine), its path and
+its ``webhook-id``. ``GET /log`` returns the records since the last ``GET /log`` and forgets
+them; ``GET /stats`` returns the number of requests answered so far.
 
-    from fast_receiver import fast_receiver
+    from bench.fast_receiver import fast_receiver, take_log
     with fast_receiver() as url:   # "http://127.0.0.1:PORT/"
-        ...
-    # or: python bench/fast_receiver.py --port 8099
+        ...                        # destinations at url + "200/dest-1", ...
+        starts = take_log(url)     # [Start(at, path, webhook_id), ...]
+    # or: python -m bench.fast_receiver --port 8099
 """
 
 from __future__ import annotations
@@ -23,26 +29,58 @@ import json
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from typing import NamedTuple
+
+import requests
 
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:\s*(\d+)", re.IGNORECASE)
+_WEBHOOK_ID = re.compile(rb"\r\nwebhook-id:\s*([^\r\n]*)", re.IGNORECASE)
 _OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 12\r\n\r\n" + (
     b'{"ok": true}'
 )
 
 
-class _Counter:
-    requests = 0
+class Start(NamedTuple):
+    """One request as the receiver saw it arrive."""
+
+    at: float  # time.time()
+    path: str
+    webhook_id: str
+
+
+class _Server:
+    answered = 0
+    log: list[tuple[float, str, str]] = []
+
+
+def _json_answer(document: object) -> bytes:
+    body = json.dumps(document, separators=(",", ":")).encode()
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+
+
+def latency_of(path: str) -> float:
+    """The latency in seconds a path asks for (its first segment in ms; none: 0)."""
+    first = path.lstrip("/").split("/", 1)[0]
+    return int(first) / 1000 if first.isdigit() else 0.0
 
 
 class _Http(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
         self.buffer = bytearray()
+        # Answers on one connection leave in request order, whatever each one's latency.
+        self.last_due = 0.0
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
-        answers = []
+        now = asyncio.get_running_loop().time()
+        immediate = []
         while True:
             head_end = self.buffer.find(b"\r\n\r\n")
             if head_end < 0:
@@ -53,27 +91,40 @@ class _Http(asyncio.Protocol):
             if len(self.buffer) < end:
                 break
             del self.buffer[:end]
-            answers.append(self._answer(head))
-        if answers:
+            answer, delay = self._answer(head)
+            due = max(now + delay, self.last_due)
+            if due <= now:
+                immediate.append(answer)
+            else:
+                self.last_due = due
+                asyncio.get_running_loop().call_at(due, self._write, answer)
+        if immediate:
             # Pipelined requests are answered in one write.
-            self.transport.write(b"".join(answers))
+            self.transport.write(b"".join(immediate))
+
+    def _write(self, answer: bytes) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(answer)
 
     @staticmethod
-    def _answer(head: bytes) -> bytes:
-        if head.startswith(b"GET /stats"):
-            body = json.dumps({"requests": _Counter.requests}).encode()
-            return (
-                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                + f"Content-Length: {len(body)}\r\n\r\n".encode()
-                + body
-            )
-        _Counter.requests += 1
-        return _OK
+    def _answer(head: bytes) -> tuple[bytes, float]:
+        method, path = head.split(b" ", 2)[:2]
+        if method == b"GET" and path == b"/stats":
+            return _json_answer({"requests": _Server.answered}), 0.0
+        if method == b"GET" and path == b"/log":
+            taken, _Server.log = _Server.log, []
+            return _json_answer(taken), 0.0
+        text = path.decode("latin-1")
+        found = _WEBHOOK_ID.search(head)
+        webhook_id = found.group(1).decode("latin-1").strip() if found else ""
+        _Server.log.append((time.time(), text, webhook_id))
+        _Server.answered += 1
+        return _OK, latency_of(text)
 
 
 async def _serve(host: str, port: int) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(_Http, host, port, backlog=1024)
+    server = await loop.create_server(_Http, host, port, backlog=4096)
     print(f"listening {server.sockets[0].getsockname()[1]}", flush=True)
     async with server:
         await server.serve_forever()
@@ -83,7 +134,7 @@ async def _serve(host: str, port: int) -> None:
 def fast_receiver(host: str = "127.0.0.1") -> Iterator[str]:
     """Run the server in a subprocess for the duration; yields its URL."""
     process = subprocess.Popen(
-        [sys.executable, __file__, "--host", host, "--port", "0"],
+        [sys.executable, "-m", "bench.fast_receiver", "--host", host, "--port", "0"],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -95,6 +146,21 @@ def fast_receiver(host: str = "127.0.0.1") -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+def answered(url: str) -> int:
+    """How many requests the receiver at ``url`` has answered since it started."""
+    with requests.Session() as session:
+        session.trust_env = False
+        return session.get(url + "stats", timeout=30).json()["requests"]
+
+
+def take_log(url: str) -> list[Start]:
+    """The requests the receiver at ``url`` recorded since the last call, oldest first."""
+    with requests.Session() as session:
+        session.trust_env = False
+        records = session.get(url + "log", timeout=30).json()
+    return sorted(Start(*record) for record in records)
 
 
 def main() -> None:

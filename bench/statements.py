@@ -1,6 +1,6 @@
 """What the worker's statements cost the database: server CPU per call and per row.
 
-    .venv/bin/python bench/statements.py [--rows 8000] [--lease-batch 4] [--record-batch 25]
+    .venv/bin/python -m bench.statements [--rows 8000] [--lease-batch 4] [--record-batch 25]
 
 One destination, ``--rows`` due deliveries whose statistics were taken while they were all
 pending (as right after a claim in production: autovacuum has not caught up), then, on one
@@ -22,8 +22,14 @@ from datetime import UTC, datetime
 
 import psycopg
 from psycopg.rows import dict_row
-from scratch import add_due_deliveries, add_unlimited_destinations, scratch_database, write_results
 
+from bench.scratch import (
+    add_destinations,
+    add_due_deliveries,
+    scratch_database,
+    unlimited_destinations,
+    write_results,
+)
 from media_hooks import leases
 from media_hooks.cohort import Cohort
 from media_hooks.leases import Lease, Message, Outcome
@@ -54,8 +60,8 @@ def main() -> None:
     args = parser.parse_args()
     rows, k, m = args.rows, args.lease_batch, args.record_batch
     with scratch_database() as url:
-        add_unlimited_destinations(url, "http://127.0.0.1:9/", 1, 64)
-        add_due_deliveries(url, "s-", rows, 1)  # analyzed while pending
+        add_destinations(url, unlimited_destinations("http://127.0.0.1:9/", 1, 64))
+        add_due_deliveries(url, "s-", {"dest-1": rows})  # analyzed while pending
         with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
             conn.execute("ALTER TABLE webhook_delivery SET (autovacuum_enabled = false)")
             pid = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"]

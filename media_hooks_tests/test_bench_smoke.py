@@ -1,0 +1,127 @@
+"""``python -m bench --smoke``: every measurement runs and the report is well formed.
+
+The figures of a tiny run mean nothing and vary with the machine, so this checks the shape of
+what the benchmark writes (the JSON, the Markdown report, the plots), never the values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from media_hooks_tests.conftest import REPO
+
+MEASUREMENTS = [
+    "emit",
+    "claim",
+    "deliver",
+    "fixed_cost",
+    "publishers",
+    "fidelity",
+    "memory",
+    "latency",
+]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_smoke_run_writes_a_well_formed_report(server_url: str, tmp_path: Path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEDIA_HOOKS_", "DAGSTER_"))}
+    env.update(MEDIA_HOOKS_DATABASE_URL=server_url, MEDIA_HOOKS_HOME=str(tmp_path / "home"))
+    out = tmp_path / "results"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--out", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    document = json.loads((out / "latest.json").read_text())
+    assert document["size"] == "smoke"
+    machine = document["machine"]
+    for key in ("cpu_model", "cpus", "memory_gib", "python", "load_average_before"):
+        assert machine[key], key
+    assert len(machine["load_average_after"]) == 3
+    assert document["postgres"]["version"]
+    assert set(document["measurements"]) == set(MEASUREMENTS)
+
+    measured = {n: m for n, m in document["measurements"].items() if "skipped" not in m}
+    # Smoke skips only the fixed cost (two job runs of up to 16 destinations).
+    assert set(measured) == set(MEASUREMENTS) - {"fixed_cost"}
+    for name, measurement in measured.items():
+        assert "error" not in measurement, (name, measurement.get("error"))
+        assert measurement["title"] and measurement["size"], name
+        assert measurement["figures"], name
+        for path, figures in measurement["figures"].items():
+            assert "errors" not in figures, (name, path, figures["errors"])
+            for metric in measurement["metrics"]:
+                summary = figures[metric]
+                assert summary["n"] >= 1, (name, path, metric)
+                assert summary["min"] <= summary["median"] <= summary["max"], (name, path)
+        for target in measurement["targets"]:
+            assert {"target", "value", "met"} <= set(target), (name, target)
+        for ratio in measurement["ratios"]:
+            assert ratio["of"] in measurement["figures"], (name, ratio)
+            assert ratio["to"] in measurement["figures"], (name, ratio)
+
+    deliver = document["measurements"]["deliver"]
+    # Each peer ran, or says why not (Procrastinate comes with the `bench` extra).
+    for path in ("engine", "job", "bare_requests", "rejected_design", "procrastinate"):
+        assert path in deliver["figures"] or path in deliver["not_measured"], path
+    assert deliver["figures"]["job"]["per_second"]["median"] > 0
+    latency = document["measurements"]["latency"]["figures"]["sensor"]
+    assert latency["dagster_runs"]["median"] >= 1
+
+    report = (out / "REPORT.md").read_text()
+    assert report.startswith("# media_hooks benchmark report")
+    for heading in (
+        "## The machine",
+        "## Targets",
+        "## 1. Emit",
+        "## 7. Latency",
+        "## Performance",
+    ):
+        assert heading in report, heading
+    assert document["plots"], "no plot was drawn"
+    for filename in document["plots"].values():
+        assert f"]({filename})" in report, filename
+        assert (out / filename).read_bytes().startswith(PNG_MAGIC), filename
+
+
+def test_envelope_excess_is_the_worst_window_over_burst_plus_rate_t():
+    from bench.stats import envelope_excess
+
+    # Paced at 10/s with a burst of 2 at the start: within the envelope, with no slack left
+    # in the burst's own window.
+    paced = [0.0, 0.0, *(0.1 * n for n in range(1, 20))]
+    excess, _ = envelope_excess(paced, rate=10, burst=2)
+    assert excess == 0
+    # Three starts 10 ms apart, later in the run: one more than burst 2 + 10/s x 20 ms allows.
+    bunched = [0.0, 1.0, 1.01, 1.02]
+    excess, window = envelope_excess(bunched, rate=10, burst=2)
+    assert abs(excess - (3 - 2 - 10 * 0.02)) < 1e-9
+    assert abs(window - 0.02) < 1e-9
+    # Against the definition, every pair of starts as a window's ends.
+    times = [0.0, 0.05, 0.3, 0.31, 0.32, 0.9, 1.4, 1.41]
+    brute = max(
+        (j - i + 1) - 3 - 4 * (times[j] - times[i])
+        for i in range(len(times))
+        for j in range(i, len(times))
+    )
+    assert abs(envelope_excess(times, rate=4, burst=3)[0] - brute) < 1e-9
+
+
+def test_steady_rate_of_evenly_paced_starts_is_their_rate_whatever_the_edges():
+    from bench.stats import steady_rate, steady_window
+
+    starts = [7.0 + n / 20 for n in range(101)]  # 20/s for 5 s
+    assert abs(steady_rate(starts) - 20) < 1e-6
+    assert steady_window(starts) == (7.5, 11.5)
+    # A burst at the start and a straggler at the end fall outside the middle 80%.
+    ragged = [7.0] * 10 + starts + [13.0]
+    assert abs(steady_rate(ragged) - 20) < 1e-6

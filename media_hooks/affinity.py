@@ -5,7 +5,7 @@ and database wait, several times per request. When the threads are spread over s
 each hand-over wakes a thread on another CPU. Against a fast receiver that costs about as much
 CPU as the requests themselves. On 2 CPUs, ``bench/http_send.py`` measured four threads
 sharing a sender at 2,060 requests/s spread out and 3,110/s on one CPU, and
-``bench/delivery.py`` measured a run at about 900 deliveries/s unpinned and 1,100-1,500 pinned.
+The delivery benchmark (``python -m bench``) measured a run at about 900 deliveries/s unpinned and 1,100-1,500 pinned.
 On one CPU the hand-overs stay local. The process gives up only what CPython does outside the
 interpreter in parallel (TLS, libpq), which is what ``off`` is for.
 
@@ -14,7 +14,7 @@ affinity back afterwards, and threads it started before keep theirs. ``auto`` pi
 that runs several batches in one process (the engine's ``deliver_due``) to the CPU it
 started on, where the scheduler placed it. It leaves a lone batch alone: Dagster's job runs
 each batch in a process of its own, several at once, and processes fixed each to one CPU
-cannot even out when the CPUs are oversubscribed (``bench/dagster_overhead.py``: the job
+cannot even out when the CPUs are oversubscribed (the former ``bench/dagster_overhead.py``: the job
 delivered 600/s pinned against 750/s left to the scheduler). A CPU number pins both.
 """
 

@@ -141,7 +141,7 @@ def stale(server_url, template_name):
     Right after a claim the planner believes almost nothing is enqueued or leased. A statement
     that tests the state where it should look rows up by key would then walk the partial
     state indexes, every enqueued or leased row once per row it wants (this made recording
-    outcomes 20 times slower per row in bench/delivery.py).
+    outcomes 20 times slower per row in the delivery benchmark).
     """
     name = create_database(server_url, template=template_name)
     with psycopg.connect(

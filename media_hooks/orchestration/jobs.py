@@ -27,7 +27,7 @@ from media_hooks.orchestration.ops.operator import purge_terminal_deliveries, re
 
 DELIVERY_RUN_TAG = {"media_hooks/kind": "delivery"}
 # Steps at once within one run: twice the cores, at least 4. On 2 cores, 4 step processes
-# deliver 10,000 rows about 1.5x faster than 10 at once (bench/dagster_overhead.py), and a
+# deliver 10,000 rows about 1.5x faster than 10 at once (measured with the former bench/dagster_overhead.py), and a
 # slow destination's step holds one slot for at most the engine's permit wait (60 s) before
 # it hands its rows back. Raise it per run (Launchpad: execution config) when more
 # destinations than slots need strict isolation; the op pool caps delivery steps across runs.

@@ -12,7 +12,7 @@ import time
 
 import requests
 
-from media_hooks import db
+from media_hooks import db, numeric
 from media_hooks.config import Settings
 from media_hooks.errors import RuntimeFailure, UserError
 
@@ -24,7 +24,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "dev", help="the Dagster UI and daemon (schedules, sensors) on this project"
     )
     dev.add_argument("--host", default="127.0.0.1", help="address the UI listens on")
-    dev.add_argument("--port", type=int, default=3000, help="port the UI listens on")
+    dev.add_argument(
+        "--port",
+        type=numeric.argument(numeric.PORT),
+        default=3000,
+        help="port the UI listens on",
+    )
     dev.set_defaults(handler=run_dev)
 
 
@@ -94,8 +99,6 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def run_dev(args: argparse.Namespace) -> int:
-    if not 0 < args.port < 65536:
-        raise UserError(f"--port must be between 1 and 65535, got {args.port}")
     # SIGTERM (and SIGINT, which a shell's background job ignores) both stop Dagster cleanly.
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)

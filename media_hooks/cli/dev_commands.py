@@ -12,7 +12,7 @@ import time
 
 import requests
 
-from media_hooks import db, numeric
+from media_hooks import db, numeric, ssrf
 from media_hooks.config import Settings
 from media_hooks.errors import RuntimeFailure, UserError
 
@@ -99,12 +99,15 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def run_dev(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()  # a configuration mistake is reported before anything starts
     # SIGTERM (and SIGINT, which a shell's background job ignores) both stop Dagster cleanly.
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     _check_port_free(args.host, args.port)
-    env = dagster_environment(Settings.from_env())
+    env = dagster_environment(settings)
     url = f"http://{args.host}:{args.port}"
+    # What every send of this deployment will be held to (the worker inherits the environment).
+    print(ssrf.describe_setting(settings.allow_private_urls), flush=True)
     print(
         f"starting the Dagster UI and daemon (DAGSTER_HOME={env['DAGSTER_HOME']}) ...", flush=True
     )

@@ -15,6 +15,7 @@ import requests
 from media_hooks import db, numeric, ssrf
 from media_hooks.config import Settings
 from media_hooks.errors import RuntimeFailure, UserError
+from media_hooks.secret_store import SecretBox
 
 STARTUP_SECONDS = 180.0
 
@@ -99,7 +100,9 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def run_dev(args: argparse.Namespace) -> int:
-    settings = Settings.from_env()  # a configuration mistake is reported before anything starts
+    # A configuration mistake is reported before anything starts.
+    settings = Settings.from_env()
+    secrets_at_rest = SecretBox.from_env()
     # SIGTERM (and SIGINT, which a shell's background job ignores) both stop Dagster cleanly.
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
@@ -108,6 +111,7 @@ def run_dev(args: argparse.Namespace) -> int:
     url = f"http://{args.host}:{args.port}"
     # What every send of this deployment will be held to (the worker inherits the environment).
     print(ssrf.describe_setting(settings.allow_private_urls), flush=True)
+    print(secrets_at_rest.describe(), flush=True)
     print(
         f"starting the Dagster UI and daemon (DAGSTER_HOME={env['DAGSTER_HOME']}) ...", flush=True
     )

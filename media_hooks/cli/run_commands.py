@@ -10,6 +10,7 @@ from media_hooks import db, figures, numeric, sweeps
 from media_hooks.cli.output import print_json, table
 from media_hooks.config import Settings
 from media_hooks.errors import RuntimeFailure
+from media_hooks.secret_store import SecretBox
 
 SUMMARY_COLUMNS = ("claimed", "succeeded", "retried", "dead", "ambiguous")
 # One claim is one transaction: a page stays small however large the backlog (invariant 7).
@@ -91,6 +92,7 @@ def _release(url: str, run_id: str) -> int:
 
 def run_deliveries(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
+    SecretBox.from_env()  # a malformed key is refused here, not by every delivery step
     url = db.ready_url(settings)
     # Dagster loads only when there is work to run: usage errors stay fast.
     from media_hooks.orchestration.instance import open_instance

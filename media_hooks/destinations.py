@@ -104,18 +104,20 @@ def validate_url(url: str) -> None:
         raise UserError("url must not be empty")
     if any(ch.isspace() for ch in url):
         raise UserError("url must not contain whitespace")
-    parts = urlsplit(url)
-    if parts.scheme.lower() not in ("http", "https"):
-        raise UserError(f"url must start with http:// or https://, got {url!r}")
-    if not parts.hostname:
-        raise UserError(f"url must name a host, got {url!r}")
+    try:
+        parts = urlsplit(url)
+        host, _ = parts.hostname, parts.port
+    except ValueError as exc:
+        # Not echoed: a malformed URL may still carry credentials.
+        raise UserError(f"url is not a valid URL ({exc})") from None
     if parts.username is not None or parts.password is not None:
         # Credentials in a URL would be printed by `destination list`; secrets sign instead.
+        # Checked first: the messages below show the URL.
         raise UserError("url must not contain user:password@ credentials")
-    try:
-        parts.port  # noqa: B018 - raises on a port that is not a number in range
-    except ValueError:
-        raise UserError(f"url has an invalid port: {url!r}") from None
+    if parts.scheme.lower() not in ("http", "https"):
+        raise UserError(f"url must start with http:// or https://, got {url!r}")
+    if not host:
+        raise UserError(f"url must name a host, got {url!r}")
 
 
 def _check_number(value: float | None, what: str, *, minimum: float, inclusive: bool) -> None:

@@ -190,7 +190,16 @@ def check_url(url: str, allow_private: bool) -> None:
         try:
             check_address(address, allow_private)
         except ForbiddenAddress as exc:
+            if ipaddress.ip_address(address) == _literal(host):
+                raise  # an address given as itself: "X resolves to X" says nothing more
             raise ForbiddenAddress(f"{parts.hostname} resolves to {exc}") from None
+
+
+def _literal(host: str) -> IPAddress | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
 
 
 def describe_setting(allow_private: bool) -> str:

@@ -64,11 +64,11 @@ class LockWait:
 
     def describe(self) -> str:
         if self.relation:
-            wanted = f"a {self.mode} lock on {self.relation}"
+            wanted = f"{self.mode} on {self.relation}"
         elif self.locktype in ("virtualxid", "transactionid"):
             wanted = "older transactions to end"
         else:
-            wanted = f"a {self.mode} {self.locktype} lock"
+            wanted = f"{self.mode} on a {self.locktype}"
         shown = "; ".join(b.describe() for b in self.blockers[:3])
         more = f"; and {len(self.blockers) - 3} more" if len(self.blockers) > 3 else ""
         return f"waited for {wanted}, held by {shown}{more}"

@@ -283,7 +283,7 @@ def test_migrate_while_producers_emit_and_an_idle_reader_holds_a_lock(empty_data
     assert migrate.returncode == 0, "".join(stderr_lines)
     assert out.strip() == f"applied 1 migration(s): {LAST.name}"
     report = "".join(stderr_lines)
-    assert "lock on webhook_destination" in report
+    assert "waited for AccessExclusiveLock on webhook_destination" in report
     assert f"pid {reader_pid} (application_name 'nightly-report', idle in transaction for" in report
     assert "reader-secret-marker" not in report, "another session's query is never shown"
     worst = max(seconds for _, seconds in producers.latencies)
@@ -310,7 +310,10 @@ def test_a_migration_that_cannot_get_its_lock_gives_up_naming_the_blocker(empty_
                 migrations.migrate(conn, policy=policy, report=lines.append)
             message = str(refused.value)
             assert message.startswith(f"{LAST.name}, statement 2 of ")
-            assert "gave up after" in message and "lock on webhook_destination" in message
+            assert (
+                "gave up after" in message
+                and "AccessExclusiveLock on webhook_destination" in message
+            )
             assert f"pid {blocker.info.backend_pid} (application_name 'blocker'" in message
             assert any("retrying in" in line for line in lines)
             with pytest.raises(RuntimeFailure, match=f"pending migrations \\({LAST.name}\\)"):

@@ -35,7 +35,7 @@ from psycopg import conninfo, sql
 from psycopg.rows import tuple_row
 
 from media_hooks import backoff
-from media_hooks.errors import RuntimeFailure
+from media_hooks.errors import RuntimeFailure, first_line
 from media_hooks.lockwatch import LockWatch
 from media_hooks.sqlfiles import Migration, Released, concurrent_index_name
 from media_hooks.sqlfiles import load_migrations as migration_files
@@ -242,8 +242,7 @@ class _Runner:
                 attempt += 1
                 self.lock_timeouts += 1
             except psycopg.Error as exc:
-                first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                raise RuntimeFailure(f"{where} failed: {first_line}") from None
+                raise RuntimeFailure(f"{where} failed: {first_line(exc)}") from None
             seen = self.watch.latest()
             why = seen.describe() if seen is not None else "waited for a lock"
             delay = backoff.backoff_seconds(

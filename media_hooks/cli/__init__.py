@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import psycopg
 
-from media_hooks.errors import RuntimeFailure, UserError
+from media_hooks.errors import RuntimeFailure, UserError, first_line
 
 
 def _command_groups() -> list:
@@ -62,8 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except psycopg.OperationalError as exc:
         # The server went away, a timeout fired, a lock was not to be had: the environment
         # failed, not the user. (Other database errors are bugs and keep their traceback.)
-        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        print(f"media-hooks: database error: {first_line}", file=sys.stderr)
+        print(f"media-hooks: database error: {first_line(exc)}", file=sys.stderr)
         return RuntimeFailure.exit_code
     except KeyboardInterrupt:
         print("media-hooks: interrupted", file=sys.stderr)

@@ -10,7 +10,7 @@ import psycopg
 
 from media_hooks import db, emit
 from media_hooks.cli.output import print_json
-from media_hooks.errors import RuntimeFailure, UserError
+from media_hooks.errors import RuntimeFailure, UserError, first_line
 
 DESCRIPTION = """\
 Records one pending delivery (--destination, --asset-id, --event-type, --payload) or, with
@@ -94,7 +94,7 @@ def _run_file(args: argparse.Namespace) -> int:
         except psycopg.OperationalError as exc:
             raise RuntimeFailure(
                 f"the database connection failed while recording {args.file} "
-                f"({_first_line(exc)}); a file is recorded all or nothing: run the same "
+                f"({first_line(exc)}); a file is recorded all or nothing: run the same "
                 "command again (deliveries already recorded count as already present)"
             ) from None
     if args.json:
@@ -114,7 +114,3 @@ def _through_first_event(lines: Iterator[bytes], path: str) -> list[bytes]:
             return head
     what = "is empty" if not head else "has only blank lines"
     raise UserError(f"{path} {what}: no events to record")
-
-
-def _first_line(exc: Exception) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

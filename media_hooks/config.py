@@ -1,4 +1,8 @@
-"""Configuration from the environment (CONTRACT.md, "Configuration")."""
+"""Configuration from the environment (CONTRACT.md, "Configuration").
+
+Every number is checked where it is read (``media_hooks.numeric``): finite, in its documented
+range, or one clear error naming the variable; nothing odd reaches a worker or PostgreSQL.
+"""
 
 from __future__ import annotations
 
@@ -8,19 +12,21 @@ from pathlib import Path
 
 from media_hooks import affinity
 from media_hooks.errors import UserError
+from media_hooks.numeric import COUNT, SECONDS_UP_TO_30_DAYS, SECONDS_UP_TO_A_DAY, from_env
+
+ALLOW_PRIVATE_URLS = "MEDIA_HOOKS_ALLOW_PRIVATE_URLS"
 
 
-def _positive_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise UserError(f"{name} must be a number of seconds, got {raw!r}") from None
-    if value <= 0:
-        raise UserError(f"{name} must be greater than 0, got {raw!r}")
-    return value
+def _allow_private_urls() -> bool:
+    """``1`` turns the SSRF guard off; unset, empty or ``0`` keep it on; anything else is a
+    mistake (``true`` would otherwise silently mean "on" to someone who meant "off")."""
+    raw = (os.environ.get(ALLOW_PRIVATE_URLS) or "").strip()
+    if raw not in ("", "0", "1"):
+        raise UserError(
+            f"{ALLOW_PRIVATE_URLS} must be 1 (allow private addresses) or 0 / unset (refuse "
+            f"them), got {raw[:40]!r}"
+        )
+    return raw == "1"
 
 
 @dataclass(frozen=True)
@@ -40,11 +46,15 @@ class Settings:
         return cls(
             database_url=os.environ.get("MEDIA_HOOKS_DATABASE_URL") or None,
             home=Path(os.environ.get("MEDIA_HOOKS_HOME") or ".media_hooks").absolute(),
-            lease_seconds=_positive_float("MEDIA_HOOKS_LEASE_SECONDS", 90.0),
-            enqueue_timeout_seconds=_positive_float("MEDIA_HOOKS_ENQUEUE_TIMEOUT_SECONDS", 3600.0),
-            allow_private_urls=os.environ.get("MEDIA_HOOKS_ALLOW_PRIVATE_URLS") == "1",
-            breaker_stretch_seconds=_positive_float("MEDIA_HOOKS_BREAKER_SECONDS", 86400.0),
-            breaker_min_attempts=int(_positive_float("MEDIA_HOOKS_BREAKER_MIN_ATTEMPTS", 20)),
+            lease_seconds=from_env("MEDIA_HOOKS_LEASE_SECONDS", 90.0, SECONDS_UP_TO_A_DAY),
+            enqueue_timeout_seconds=from_env(
+                "MEDIA_HOOKS_ENQUEUE_TIMEOUT_SECONDS", 3600.0, SECONDS_UP_TO_30_DAYS
+            ),
+            allow_private_urls=_allow_private_urls(),
+            breaker_stretch_seconds=from_env(
+                "MEDIA_HOOKS_BREAKER_SECONDS", 86400.0, SECONDS_UP_TO_30_DAYS
+            ),
+            breaker_min_attempts=from_env("MEDIA_HOOKS_BREAKER_MIN_ATTEMPTS", 20, COUNT),
             delivery_cpu=affinity.parse(os.environ.get(affinity.ENV)),
         )
 

@@ -18,7 +18,7 @@ from psycopg_pool import ConnectionPool
 
 from media_hooks import embedded, migrations
 from media_hooks.config import Settings
-from media_hooks.errors import RuntimeFailure, UserError
+from media_hooks.errors import RuntimeFailure, UserError, first_line
 
 
 def redact(url: str) -> str:
@@ -83,8 +83,7 @@ def resolve_url(settings: Settings) -> str:
 
 
 def _unreachable(url: str, exc: Exception) -> RuntimeFailure:
-    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return RuntimeFailure(f"cannot connect to PostgreSQL at {redact(url)}: {first_line}")
+    return RuntimeFailure(f"cannot connect to PostgreSQL at {redact(url)}: {first_line(exc)}")
 
 
 @contextmanager

@@ -26,6 +26,8 @@ from psycopg.rows import dict_row
 from media_hooks.config import Settings
 from media_hooks.errors import UserError
 from media_hooks.identifiers import validate_identifier
+from media_hooks.secret_store import ENV as SECRET_KEY_ENV
+from media_hooks.secret_store import SecretBox, is_sealed
 from media_hooks.sqlfiles import query
 from media_hooks.ssrf import ForbiddenAddress, check_url
 
@@ -73,9 +75,11 @@ class Destination:
     paused_reason: str | None
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Destination:
+    def from_row(cls, row: dict[str, Any], box: SecretBox) -> Destination:
+        """The destination with its secrets as given (decrypted): only for sending."""
         values = {f.name: row[f.name] for f in fields(cls)}
-        values["secrets"] = tuple(row["secrets"])
+        owner = f"destination {row['destination_id']!r}"
+        values["secrets"] = tuple(box.open(stored, owner) for stored in row["secrets"])
         return cls(**values)
 
 
@@ -100,18 +104,20 @@ def validate_url(url: str) -> None:
         raise UserError("url must not be empty")
     if any(ch.isspace() for ch in url):
         raise UserError("url must not contain whitespace")
-    parts = urlsplit(url)
-    if parts.scheme.lower() not in ("http", "https"):
-        raise UserError(f"url must start with http:// or https://, got {url!r}")
-    if not parts.hostname:
-        raise UserError(f"url must name a host, got {url!r}")
+    try:
+        parts = urlsplit(url)
+        host, _ = parts.hostname, parts.port
+    except ValueError as exc:
+        # Not echoed: a malformed URL may still carry credentials.
+        raise UserError(f"url is not a valid URL ({exc})") from None
     if parts.username is not None or parts.password is not None:
         # Credentials in a URL would be printed by `destination list`; secrets sign instead.
+        # Checked first: the messages below show the URL.
         raise UserError("url must not contain user:password@ credentials")
-    try:
-        parts.port  # noqa: B018 - raises on a port that is not a number in range
-    except ValueError:
-        raise UserError(f"url has an invalid port: {url!r}") from None
+    if parts.scheme.lower() not in ("http", "https"):
+        raise UserError(f"url must start with http:// or https://, got {url!r}")
+    if not host:
+        raise UserError(f"url must name a host, got {url!r}")
 
 
 def _check_number(value: float | None, what: str, *, minimum: float, inclusive: bool) -> None:
@@ -191,16 +197,33 @@ def _fetch(conn: psycopg.Connection, name: str, params: dict[str, Any]) -> list[
         return cur.fetchall() if cur.description else []
 
 
+def _refuse_clear_beside_sealed(conn: psycopg.Connection, box: SecretBox) -> None:
+    if not box.encrypting and _fetch(conn, "destination_has_sealed_secrets", {})[0]["sealed"]:
+        raise UserError(
+            f"signing secrets are stored encrypted, but {SECRET_KEY_ENV} is not set: set it to "
+            "add a secret (without it the secret would be stored as it is)"
+        )
+
+
 def upsert_destination(
-    conn: psycopg.Connection, spec: DestinationSpec, settings: Settings | None = None
+    conn: psycopg.Connection,
+    spec: DestinationSpec,
+    settings: Settings | None = None,
+    box: SecretBox | None = None,
 ) -> bool:
-    """Create or update a destination; True when it was created. Writes nothing on error."""
+    """Create or update a destination; True when it was created. Writes nothing on error.
+
+    Secrets are stored encrypted when ``box`` (default: MEDIA_HOOKS_SECRET_KEY) has a key.
+    """
     settings = settings or Settings.from_env()
+    box = box or SecretBox.from_env()
     validate_spec(spec, settings)
     params = asdict(spec)
-    params["secrets"] = None if spec.secrets is None else list(spec.secrets)
+    params["secrets"] = None if spec.secrets is None else [box.seal(s) for s in spec.secrets]
     try:
         with conn.transaction():
+            if spec.secrets:
+                _refuse_clear_beside_sealed(conn, box)
             created = _fetch(conn, "destination_create_with_defaults", params)
             (stored,) = _fetch(conn, "destination_update_given", params)
             _check_stored(stored, settings)
@@ -209,12 +232,64 @@ def upsert_destination(
     return bool(created)
 
 
-def get_destination(conn: psycopg.Connection, destination_id: str) -> Destination:
-    """The destination with its secrets; UserError when there is none by that id."""
+def get_destination(
+    conn: psycopg.Connection, destination_id: str, box: SecretBox | None = None
+) -> Destination:
+    """The destination with its secrets decrypted, for sending; UserError when there is none
+    by that id, SecretKeyError when its secrets are encrypted and the key cannot open them."""
     rows = _fetch(conn, "destination_get", {"destination_id": destination_id})
     if not rows:
         raise UserError(f"no destination {destination_id!r}")
-    return Destination.from_row(rows[0])
+    return Destination.from_row(rows[0], box or SecretBox.from_env())
+
+
+@dataclass(frozen=True)
+class RekeyResult:
+    destinations: int
+    secrets: int
+    were_plaintext: int  # of ``secrets``: stored as given before
+
+
+def rekey_secrets(
+    conn: psycopg.Connection, box: SecretBox, *, to_plaintext: bool = False, dry_run: bool = False
+) -> RekeyResult:
+    """Store every destination's secrets again: encrypted under the first key (``to_plaintext``:
+    as given), in one transaction. A secret no key opens fails it all (SecretKeyError)."""
+    if not box.encrypting:
+        raise UserError(
+            f"{SECRET_KEY_ENV} is not set: there is no key to encrypt (or decrypt) with"
+        )
+    destinations = secrets = were_plaintext = 0
+    with conn.transaction(force_rollback=dry_run):
+        for row in _fetch(conn, "destination_secrets_for_rekey", {}):
+            owner = f"destination {row['destination_id']!r}"
+            given = [box.open(stored, owner) for stored in row["secrets"]]
+            stored = given if to_plaintext else [box.seal(secret) for secret in given]
+            params = {"destination_id": row["destination_id"], "secrets": stored}
+            _fetch(conn, "destination_store_secrets", params)
+            destinations += 1
+            secrets += len(given)
+            were_plaintext += sum(not is_sealed(s) for s in row["secrets"])
+    return RekeyResult(destinations, secrets, were_plaintext)
+
+
+def secret_inventory(conn: psycopg.Connection, box: SecretBox) -> list[dict[str, Any]]:
+    """Per destination with secrets: how many are stored as given, encrypted under which
+    configured key, or under none of them. Never a secret."""
+    inventory = []
+    for row in _fetch(conn, "destination_secrets_for_rekey", {}):
+        numbers = [box.key_number(s) for s in row["secrets"] if is_sealed(s)]
+        inventory.append(
+            {
+                "destination_id": row["destination_id"],
+                "as_given": sum(not is_sealed(s) for s in row["secrets"]),
+                "encrypted_by_key": {
+                    str(n): numbers.count(n) for n in sorted({n for n in numbers if n})
+                },
+                "encrypted_by_no_configured_key": numbers.count(None),
+            }
+        )
+    return inventory
 
 
 def list_destinations(conn: psycopg.Connection) -> list[dict[str, Any]]:

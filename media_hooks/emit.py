@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import psycopg
 from psycopg.rows import dict_row
@@ -31,6 +32,16 @@ from media_hooks.identifiers import validate_identifier
 from media_hooks.sqlfiles import query
 
 MAX_PAYLOAD_BYTES = 1024 * 1024
+# Bounds on everything else an event carries, so the whole request body is bounded too: at
+# most MAX_BODY_BYTES whatever the text (JSON escapes a character in at most 6 bytes).
+MAX_ASSET_ID_CHARS = 1024
+MAX_EVENT_TYPE_CHARS = 256
+MAX_PAYLOAD_DEPTH = 128
+_ENVELOPE_BYTES = 6 * (MAX_ASSET_ID_CHARS + MAX_EVENT_TYPE_CHARS) + 128
+MAX_BODY_BYTES = MAX_PAYLOAD_BYTES + _ENVELOPE_BYTES
+# A line of a JSON-lines file: room for the largest event however its JSON is escaped and
+# spaced; a longer line is refused by number before more of it is read.
+MAX_LINE_BYTES = 8 * 1024 * 1024
 DERIVED_ID_PREFIX = "evt_"
 EVENT_FIELDS = ("destination_id", "asset_id", "event_type", "payload", "delivery_id")
 _REQUIRED_FIELDS = EVENT_FIELDS[:4]
@@ -87,15 +98,59 @@ def rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def parse_json(text: str | bytes) -> object:
+    """``text`` parsed as JSON, or a UserError whose text completes "X is ...": not valid JSON,
+    nested too deeply, or holding a number too long to convert."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"not valid JSON ({exc.msg}, column {exc.colno})") from None
+    except RecursionError:
+        raise UserError(f"nested too deeply (at most {MAX_PAYLOAD_DEPTH} levels)") from None
+    except ValueError:
+        # Python refuses to convert integers longer than this (CVE-2020-10735).
+        limit = sys.get_int_max_str_digits()
+        raise UserError(f"not usable JSON: a number has more than {limit} digits") from None
+
+
+def _nested_deeper_than(value: object, limit: int) -> bool:
+    """Whether ``value`` nests containers more than ``limit`` deep (iteratively: no recursion)."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        current, depth = stack.pop()
+        if isinstance(current, dict):
+            children = current.values()
+        elif isinstance(current, list | tuple):
+            children = current
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend(
+            (child, depth + 1) for child in children if isinstance(child, dict | list | tuple)
+        )
+    return False
+
+
 def _payload_json(payload: object) -> str:
     if not isinstance(payload, dict):
         raise UserError(f"payload must be a JSON object, got {_json_type(payload)}")
     try:
         text = _CANONICAL.encode(payload)
-    except ValueError:
+    except RecursionError:
+        text = None
+    except ValueError as exc:
+        if "integer string conversion" in str(exc):
+            raise UserError("payload has a number with too many digits") from None
         raise UserError("payload contains NaN or Infinity, which JSON cannot represent") from None
     except TypeError as exc:
         raise UserError(f"payload is not JSON: {exc}") from None
+    # Counting brackets is the cheap filter: only a payload with that many is walked.
+    if text is None or (
+        text.count("{") + text.count("[") > MAX_PAYLOAD_DEPTH
+        and _nested_deeper_than(payload, MAX_PAYLOAD_DEPTH)
+    ):
+        raise UserError(f"payload is nested more than {MAX_PAYLOAD_DEPTH} levels deep")
     # PostgreSQL's jsonb cannot hold the NUL character; the substring test is the cheap filter.
     if "\\u0000" in text and _contains_nul(payload):
         raise UserError("payload contains a NUL character (\\u0000), which PostgreSQL refuses")
@@ -149,9 +204,11 @@ def derive_delivery_id(destination_id: str, event_type: str, asset_id: str, payl
     return _derived_id(destination_id, event_type, asset_id, _payload_json(payload))
 
 
-def _text_field(value: object, what: str) -> str:
+def _text_field(value: object, what: str, max_chars: int) -> str:
     if not isinstance(value, str) or not value:
         raise UserError(f"{what} must be a non-empty string")
+    if len(value) > max_chars:
+        raise UserError(f"{what} is {len(value)} characters long; at most {max_chars} are allowed")
     if "\x00" in value:
         raise UserError(f"{what} contains a NUL character")
     return value
@@ -160,8 +217,8 @@ def _text_field(value: object, what: str) -> str:
 def _prepare(event: Event, timestamp: str, max_payload_bytes: int) -> _Row:
     """Validate one event and serialize it, or raise UserError naming the problem."""
     destination_id = validate_identifier(event.destination_id, "destination_id")
-    asset_id = _text_field(event.asset_id, "asset_id")
-    event_type = _text_field(event.event_type, "event_type")
+    asset_id = _text_field(event.asset_id, "asset_id", MAX_ASSET_ID_CHARS)
+    event_type = _text_field(event.event_type, "event_type", MAX_EVENT_TYPE_CHARS)
     payload_json = _payload_json(event.payload)
     try:
         payload_size = len(payload_json.encode("utf-8"))
@@ -226,6 +283,7 @@ def _emit_numbered(
                 for number, event in numbered:
                     row = _prepare_numbered(event, number, unit, timestamp, max_payload_bytes)
                     copy.write_row((number, *row))
+            _refuse_conflicting_duplicate(cur, unit)
             unknown = cur.execute(query("emit_staging_unknown_destination")).fetchone()
             if unknown is not None:
                 error = _unknown_destination(unknown["destination_id"])
@@ -234,6 +292,18 @@ def _emit_numbered(
             counts = cur.execute(query("emit_staging_insert"), params).fetchone()
             cur.execute(query("emit_staging_clear"))
     return EmitCounts(inserted=counts["inserted"], already_present=counts["already_present"])
+
+
+def _refuse_conflicting_duplicate(cur: psycopg.Cursor, unit: str) -> None:
+    """One delivery_id given twice with different events is bad input (an identical repeat is
+    a retried line, and fine)."""
+    found = cur.execute(query("emit_staging_conflicting_duplicate")).fetchone()
+    if found is not None:
+        raise UserError(
+            f"{unit} {found['ordinal']}: delivery_id {found['delivery_id']!r} is already used by "
+            f"{unit} {found['first_ordinal']} for a different event (one delivery_id, one "
+            "event: a changed event needs a new delivery_id)"
+        )
 
 
 def _prepare_numbered(
@@ -281,20 +351,35 @@ def _event_from_object(value: object) -> Event:
     return Event(**value)
 
 
+def bounded_lines(stream: BinaryIO, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[bytes]:
+    """The lines of a binary stream, none read past ``max_line_bytes``: a longer line (or a
+    stream with no newline at all, like /dev/zero) is refused by its number, in bounded memory."""
+    number = 0
+    while True:
+        line = stream.readline(max_line_bytes + 1)
+        if not line:
+            return
+        number += 1
+        if len(line) > max_line_bytes and not (
+            len(line) == max_line_bytes + 1 and line.endswith(b"\n")
+        ):
+            raise UserError(
+                f"line {number} is longer than {max_line_bytes} bytes, the most one event's "
+                "line may have"
+            )
+        yield line
+
+
 def parse_jsonl(lines: Iterable[str | bytes]) -> Iterator[tuple[int, Event]]:
     """(line number, event) for each non-blank line of a JSON-lines file, streamed."""
     for number, raw in enumerate(lines, start=1):
+        if len(raw) > MAX_LINE_BYTES:
+            raise UserError(f"line {number} is longer than {MAX_LINE_BYTES} bytes")
         text = _line_text(raw, number)
         if not text.strip():
             continue
         try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise UserError(
-                f"line {number}: not valid JSON ({exc.msg}, column {exc.colno})"
-            ) from None
-        try:
-            event = _event_from_object(value)
+            event = _event_from_object(parse_json(text))
         except UserError as exc:
             raise UserError(f"line {number}: {exc}") from None
         yield number, event
@@ -309,6 +394,9 @@ def emit_jsonl(
     """``emit_many`` over a JSON-lines file (``media-hooks emit --file``); errors name the line.
 
     Each line is an object with destination_id, asset_id, event_type, payload and optionally
-    delivery_id. Pass a file opened in binary mode to have decoding errors name their line.
+    delivery_id. Pass a file opened in binary mode to have decoding errors name their line; it is
+    read in lines of at most MAX_LINE_BYTES (``bounded_lines``).
     """
+    if hasattr(lines, "readline"):
+        lines = bounded_lines(lines)  # type: ignore[arg-type]
     return _emit_numbered(conn, parse_jsonl(lines), "line", max_payload_bytes)

@@ -11,3 +11,9 @@ class RuntimeFailure(Exception):
     """The environment failed (database unreachable, schema missing...): exit status 1."""
 
     exit_code = 1
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's first line (a driver's message can run to a hint and a context), or its
+    type's name when it has no text: what a one-line error shows."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from media_hooks.backoff import backoff_seconds, nominal_schedule, nominal_seconds
 
@@ -43,3 +45,31 @@ def test_default_schedule_is_seconds_then_minutes_then_hours_over_days() -> None
 def test_nonsense_arguments_are_refused(attempt: int, base: float, cap: float) -> None:
     with pytest.raises(ValueError):
         backoff_seconds(attempt, base, cap)
+
+
+# Properties (hypothesis) over every policy a destination can have.
+
+POLICIES = st.tuples(
+    st.floats(0.001, 86400, allow_nan=False), st.floats(0.001, 30 * 86400, allow_nan=False)
+).map(lambda bc: (min(bc), max(bc)))
+
+
+@settings(max_examples=500, deadline=None)
+@given(policy=POLICIES, attempt=st.integers(1, 10**9), seed=st.integers(0, 2**32))
+def test_every_wait_is_within_the_jitter_band_and_never_above_the_cap(policy, attempt, seed):
+    base, cap = policy
+    nominal = nominal_seconds(attempt, base, cap)
+    assert nominal == min(cap, base * 2.0 ** min(attempt - 1, 64))
+    wait = backoff_seconds(attempt, base, cap, random.Random(seed))
+    assert 0.8 * nominal <= wait <= min(1.2 * nominal, cap)
+
+
+@settings(max_examples=300, deadline=None)
+@given(policy=POLICIES, attempts=st.integers(2, 60))
+def test_the_schedule_grows_until_the_cap_and_stays_there(policy, attempts):
+    base, cap = policy
+    schedule = nominal_schedule(attempts, base, cap)
+    assert len(schedule) == attempts - 1
+    assert schedule[0] == base
+    assert all(a <= b for a, b in zip(schedule, schedule[1:], strict=False))
+    assert all(b == min(cap, 2 * a) for a, b in zip(schedule, schedule[1:], strict=False))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import re
 from datetime import UTC, datetime, timedelta, timezone
 
 import psycopg
@@ -10,12 +12,20 @@ import pytest
 from psycopg.rows import dict_row
 
 from media_hooks.emit import (
+    MAX_ASSET_ID_CHARS,
+    MAX_BODY_BYTES,
+    MAX_EVENT_TYPE_CHARS,
+    MAX_LINE_BYTES,
+    MAX_PAYLOAD_BYTES,
+    MAX_PAYLOAD_DEPTH,
     EmitCounts,
     Event,
+    bounded_lines,
     derive_delivery_id,
     emit,
     emit_jsonl,
     emit_many,
+    parse_json,
     request_body,
 )
 from media_hooks.errors import UserError
@@ -34,6 +44,14 @@ def _deliveries(conn) -> list[dict]:
     return conn.execute(
         "SELECT * FROM webhook_delivery ORDER BY created_at, delivery_id"
     ).fetchall()
+
+
+def _nested(depth: int) -> dict:
+    """A payload whose containers nest ``depth`` deep (the payload object is level 1)."""
+    value: object = 1
+    for _ in range(depth - 1):
+        value = [value]
+    return {"x": value}
 
 
 def _event(n: int = 1, **changes) -> Event:
@@ -157,13 +175,13 @@ def test_emit_many_counts_new_present_and_duplicates_once(conn, destination):
         _event(1, delivery_id="k1"),  # already recorded
         _event(2, delivery_id="k2"),
         _event(3),
-        _event(4, delivery_id="k2", payload={"second": True}),  # duplicate inside the batch
+        _event(2, delivery_id="k2"),  # the same event again inside the batch
         _event(3),  # same event, same derived id
     ]
     assert emit_many(conn, events) == EmitCounts(inserted=2, already_present=1)
     rows = {row["delivery_id"]: row for row in _deliveries(conn)}
     assert len(rows) == 3
-    assert rows["k2"]["payload"] == {"rendition": "1080p", "n": 2}, "the first event wins"
+    assert rows["k2"]["payload"] == {"rendition": "1080p", "n": 2}
     derived = rows[derive_delivery_id("pub", "transcode.completed", "asset-3", _event(3).payload)]
     assert bytes(derived["body"]) == request_body(
         "transcode.completed", derived["created_at"], "asset-3", derived["payload"]
@@ -231,3 +249,110 @@ def test_created_at_is_utc_now(conn, destination):
     emit(conn, _event())
     (row,) = _deliveries(conn)
     assert before <= row["created_at"] <= datetime.now(UTC)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"payload": {"second": True}},
+        {"asset_id": "another-asset"},
+        {"event_type": "rights.cleared"},
+    ],
+)
+def test_a_conflicting_duplicate_in_one_batch_is_refused_naming_both(conn, destination, change):
+    """Invariant 2: one delivery_id, one event. Collapsing two different events under one id to
+    the first would silently drop the second."""
+    events = [
+        _event(1),
+        _event(2, delivery_id="k2"),
+        _event(3),
+        _event(4, delivery_id="k2", **change),
+    ]
+    with pytest.raises(UserError) as refused:
+        emit_many(conn, events)
+    assert str(refused.value).startswith(
+        "event 4: delivery_id 'k2' is already used by event 2 for a different event"
+    )
+    assert _deliveries(conn) == []
+
+
+def test_a_conflicting_duplicate_for_another_destination_is_refused(conn, destination):
+    conn.execute(
+        "INSERT INTO webhook_destination (destination_id, url) VALUES ('pub2', 'https://q.example/')"
+    )
+    events = [_event(1, delivery_id="k"), _event(1, delivery_id="k", destination_id="pub2")]
+    with pytest.raises(UserError, match="event 2: delivery_id 'k' is already used by event 1"):
+        emit_many(conn, events)
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"asset_id": "a" * (MAX_ASSET_ID_CHARS + 1)}, "asset_id is 1025 characters long; at most 1024"),
+        ({"event_type": "t" * (MAX_EVENT_TYPE_CHARS + 1)}, "event_type is 257 characters long; at most 256"),
+        ({"delivery_id": "k" * 201}, "delivery_id is 201 characters long"),
+        ({"payload": {"n": 10**5000}}, "payload has a number with too many digits"),
+        ({"payload": _nested(MAX_PAYLOAD_DEPTH + 1)}, "payload is nested more than 128 levels"),
+        ({"payload": _nested(3000)}, "payload is nested more than 128 levels"),
+        ({"asset_id": "\ud800"}, "the event contains text that is not valid Unicode"),
+    ],
+)  # fmt: skip
+def test_every_field_is_bounded(conn, destination, change, problem):
+    with pytest.raises(UserError, match=re.escape(problem)):
+        emit(conn, _event(**change))
+    with pytest.raises(UserError, match=re.escape(f"event 1: {problem}")):
+        emit_many(conn, [_event(**change)])
+    assert _deliveries(conn) == []
+
+
+def test_the_largest_event_fits_the_body_bound(conn, destination):
+    """Every field at its bound, written with the costliest characters JSON has: the body is
+    still within MAX_BODY_BYTES, so bounding the fields bounds the whole request."""
+    worst = "\x01"  # escaped as \u0001: six bytes for one character
+    payload = {"x": "y" * (MAX_PAYLOAD_BYTES - 8)}
+    event = _event(
+        asset_id=worst * MAX_ASSET_ID_CHARS,
+        event_type=worst * MAX_EVENT_TYPE_CHARS,
+        payload=payload,
+        delivery_id="k" * 200,
+    )
+    assert emit(conn, event).inserted
+    (row,) = _deliveries(conn)
+    assert MAX_BODY_BYTES - 1024 < len(bytes(row["body"])) <= MAX_BODY_BYTES
+    assert emit(conn, _event(payload=_nested(MAX_PAYLOAD_DEPTH))).inserted
+
+
+def test_payloads_parse_with_clean_errors():
+    assert parse_json('{"a": [1, 2]}') == {"a": [1, 2]}
+    for text, problem in [
+        ("{not json", "not valid JSON (Expecting property name"),
+        ("[" * 2000 + "]" * 2000, "nested too deeply"),
+        ('{"n": ' + "9" * 5000 + "}", "a number has more than 4300 digits"),
+    ]:
+        with pytest.raises(UserError, match=re.escape(problem)):
+            parse_json(text)
+
+
+class _Zeros:
+    """/dev/zero as a stream: endless, no newline. Records how much each read asked for."""
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+
+    def readline(self, size: int = -1) -> bytes:
+        assert size > 0, "an unbounded read of an endless line"
+        self.asked.append(size)
+        return b"\0" * size
+
+
+def test_an_endless_line_is_refused_by_number_after_a_bounded_read(conn, destination):
+    zeros = _Zeros()
+    with pytest.raises(UserError, match="line 1 is longer than 8388608 bytes"):
+        emit_jsonl(conn, zeros)
+    assert zeros.asked == [MAX_LINE_BYTES + 1]
+    good = json.dumps({"destination_id": "pub", "asset_id": "a", "event_type": "t", "payload": {}})
+    stream = io.BytesIO((good + "\n").encode() * 2 + b"x" * 100 + b"\n")
+    with pytest.raises(UserError, match="line 3 is longer than 90 bytes"):
+        list(bounded_lines(stream, max_line_bytes=90))
+    exact = io.BytesIO(b"y" * 64 + b"\n" + b"z" * 64)
+    assert [len(line) for line in bounded_lines(exact, max_line_bytes=64)] == [65, 64]

@@ -9,6 +9,8 @@ from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from media_hooks.outcomes import (
     AMBIGUOUS,
@@ -94,3 +96,68 @@ def test_retry_after_cap_applies_through_classification() -> None:
     assert classify_response(429, {"Retry-After": "999999"}, now=NOW, cap_seconds=10) == (
         Classification(RATE_LIMITED, 10.0)
     )
+
+
+# Properties (hypothesis): whatever a receiver answers, the classification is one of the
+# contract's rows and never raises.
+
+HEADER_TEXT = st.one_of(
+    st.text(max_size=60),
+    st.integers(-(10**6), 10**12).map(str),
+    st.text("0123456789.", min_size=1, max_size=400),  # absurd delta-seconds
+    st.datetimes(
+        min_value=datetime(1, 1, 2), max_value=datetime(9998, 12, 30), timezones=st.just(UTC)
+    ).map(lambda d: format_datetime(d, usegmt=True)),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    status=st.integers(0, 1000),
+    retry_after=st.none() | HEADER_TEXT,
+    header_name=st.sampled_from(["Retry-After", "retry-after", "RETRY-AFTER"]),
+)
+def test_every_answer_is_classified_by_the_contract(status, retry_after, header_name):
+    headers = {} if retry_after is None else {header_name: retry_after}
+    got = classify_response(status, headers, now=NOW)
+    parsed = parse_retry_after(retry_after, NOW)
+    assert got.outcome in (SUCCESS, RATE_LIMITED, RETRYABLE, REJECTED)
+    assert got.disable_destination == (status == 410)
+    if 200 <= status <= 299:
+        assert got == Classification(SUCCESS)
+    elif status == 429:
+        assert got == Classification(RATE_LIMITED, parsed)
+    elif status == 503:
+        expected = (
+            Classification(RETRYABLE) if parsed is None else Classification(RATE_LIMITED, parsed)
+        )
+        assert got == expected
+    elif status in (408, 425) or 500 <= status <= 599:
+        assert got == Classification(RETRYABLE)
+    elif 300 <= status <= 499:
+        assert got.outcome == REJECTED
+    else:
+        assert got == Classification(RETRYABLE)  # not an HTTP final status: a broken server
+    if got.retry_after_seconds is not None:
+        assert got.outcome == RATE_LIMITED
+        assert 0 <= got.retry_after_seconds <= 3600
+
+
+@settings(max_examples=500, deadline=None)
+@given(value=HEADER_TEXT, cap=st.floats(1, 10**6))
+def test_retry_after_is_none_or_within_zero_and_the_cap(value, cap):
+    seconds = parse_retry_after(value, NOW, cap_seconds=cap)
+    assert seconds is None or (0 <= seconds <= cap and seconds == seconds)
+
+
+@settings(max_examples=300, deadline=None)
+@given(seconds=st.integers(0, 10**9), spaces=st.sampled_from(["", " ", "\t"]))
+def test_retry_after_delta_seconds_are_read_exactly(seconds, spaces):
+    assert parse_retry_after(f"{spaces}{seconds}{spaces}", NOW) == min(seconds, 3600)
+
+
+@settings(max_examples=300, deadline=None)
+@given(offset=st.integers(-(10**8), 10**8))
+def test_retry_after_dates_are_seconds_from_now(offset):
+    when = NOW + timedelta(seconds=offset)
+    assert parse_retry_after(format_datetime(when, usegmt=True), NOW) == min(max(offset, 0), 3600)

@@ -196,6 +196,21 @@ def test_ssrf_guard_refuses_the_connected_address_before_sending(receiver) -> No
     assert [r.webhook_id for r in rx.requests] == ["dlv_allowed"]
 
 
+def test_ssrf_guard_refuses_an_embedded_address_at_connect_time(receiver) -> None:
+    """An IPv4-mapped spelling of the receiver's loopback address: the socket's peer is
+    ::ffff:127.0.0.1, judged by the IPv4 address it carries (issue 11, part 2)."""
+    rx = receiver()
+    mapped = rx.url.replace("127.0.0.1", "[::ffff:127.0.0.1]")
+    with sender_for(mapped, allow_private=True) as allowed:
+        assert allowed.send("dlv_mapped_allowed", BODY).outcome == SUCCESS, "it does reach rx"
+    with sender_for(mapped, allow_private=False) as guarded:
+        refused = guarded.send("dlv_mapped_guarded", BODY)
+    assert (refused.outcome, refused.request_sent) == (RETRYABLE, False)
+    assert "IPv4-mapped address of 127.0.0.1, which is in 127.0.0.0/8" in refused.error
+    assert rx.wait_for_requests(1, timeout=5)
+    assert [r.webhook_id for r in rx.requests] == ["dlv_mapped_allowed"]
+
+
 def test_response_excerpt_is_capped(receiver) -> None:
     rx = receiver(reply=Reply(500, body=b"e" * 200_000))
     with sender_for(rx.url) as sender:

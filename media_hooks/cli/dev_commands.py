@@ -12,9 +12,10 @@ import time
 
 import requests
 
-from media_hooks import db
+from media_hooks import db, numeric, ssrf
 from media_hooks.config import Settings
 from media_hooks.errors import RuntimeFailure, UserError
+from media_hooks.secret_store import SecretBox
 
 STARTUP_SECONDS = 180.0
 
@@ -24,7 +25,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "dev", help="the Dagster UI and daemon (schedules, sensors) on this project"
     )
     dev.add_argument("--host", default="127.0.0.1", help="address the UI listens on")
-    dev.add_argument("--port", type=int, default=3000, help="port the UI listens on")
+    dev.add_argument(
+        "--port",
+        type=numeric.argument(numeric.PORT),
+        default=3000,
+        help="port the UI listens on",
+    )
     dev.set_defaults(handler=run_dev)
 
 
@@ -101,14 +107,18 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def run_dev(args: argparse.Namespace) -> int:
-    if not 0 < args.port < 65536:
-        raise UserError(f"--port must be between 1 and 65535, got {args.port}")
+    # A configuration mistake is reported before anything starts.
+    settings = Settings.from_env()
+    secrets_at_rest = SecretBox.from_env()
     # SIGTERM (and SIGINT, which a shell's background job ignores) both stop Dagster cleanly.
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     _check_port_free(args.host, args.port)
-    env = dagster_environment(Settings.from_env())
+    env = dagster_environment(settings)
     url = f"http://{args.host}:{args.port}"
+    # What every send of this deployment will be held to (the worker inherits the environment).
+    print(ssrf.describe_setting(settings.allow_private_urls), flush=True)
+    print(secrets_at_rest.describe(), flush=True)
     print(
         f"starting the Dagster UI and daemon (DAGSTER_HOME={env['DAGSTER_HOME']}) ...", flush=True
     )

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
+import itertools
+from collections.abc import Iterator
+
+import psycopg
 
 from media_hooks import db, emit
 from media_hooks.cli.output import print_json
-from media_hooks.errors import UserError
+from media_hooks.errors import RuntimeFailure, UserError, first_line
 
 DESCRIPTION = """\
 Records one pending delivery (--destination, --asset-id, --event-type, --payload) or, with
@@ -41,9 +44,9 @@ def _single_event(args: argparse.Namespace) -> emit.Event:
     if missing:
         raise UserError(f"emit needs {', '.join(missing)} (or --file PATH.jsonl)")
     try:
-        payload = json.loads(args.payload)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"--payload is not valid JSON ({exc.msg}, column {exc.colno})") from None
+        payload = emit.parse_json(args.payload)
+    except UserError as exc:
+        raise UserError(f"--payload is {exc}") from None
     return emit.Event(
         destination_id=args.destination,
         asset_id=args.asset_id,
@@ -79,10 +82,35 @@ def _run_file(args: argparse.Namespace) -> int:
         source = open(args.file, "rb")  # noqa: SIM115 - closed below, after the transaction
     except OSError as exc:
         raise UserError(f"cannot read {args.file}: {exc.strerror}") from None
-    with source, db.connect(db.ready_url()) as conn:
-        counts = emit.emit_jsonl(conn, source)
+    with source:
+        lines = emit.bounded_lines(source)
+        # The file's start is read and checked before the database is touched: an empty file
+        # or a bad first event costs no server start.
+        head = _through_first_event(lines, args.file)
+        url = db.ready_url()
+        try:
+            with db.connect(url) as conn:
+                counts = emit.emit_jsonl(conn, itertools.chain(head, lines))
+        except psycopg.OperationalError as exc:
+            raise RuntimeFailure(
+                f"the database connection failed while recording {args.file} "
+                f"({first_line(exc)}); a file is recorded all or nothing: run the same "
+                "command again (deliveries already recorded count as already present)"
+            ) from None
     if args.json:
         print_json({"inserted": counts.inserted, "already_present": counts.already_present})
     else:
         print(f"inserted {counts.inserted}, already present {counts.already_present}")
     return 0
+
+
+def _through_first_event(lines: Iterator[bytes], path: str) -> list[bytes]:
+    """The file's lines up to its first event, that event checked; UserError if it has none."""
+    head: list[bytes] = []
+    for line in lines:
+        head.append(line)
+        if line.strip():
+            list(emit.parse_jsonl(head))  # the error names the line
+            return head
+    what = "is empty" if not head else "has only blank lines"
+    raise UserError(f"{path} {what}: no events to record")

@@ -9,9 +9,9 @@ from functools import partial
 
 from prometheus_client import start_http_server
 
-from media_hooks import db
+from media_hooks import db, numeric
 from media_hooks.config import Settings
-from media_hooks.errors import RuntimeFailure, UserError
+from media_hooks.errors import RuntimeFailure
 from media_hooks.metrics import registry_for
 
 
@@ -19,14 +19,17 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "metrics", help="serve the figures of `status` as Prometheus gauges until interrupted"
     )
-    parser.add_argument("--port", type=int, required=True, help="TCP port (0: any free one)")
+    parser.add_argument(
+        "--port",
+        type=numeric.argument(numeric.PORT_OR_ANY),
+        required=True,
+        help="TCP port (0: any free one)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.set_defaults(handler=run_metrics)
 
 
 def run_metrics(args: argparse.Namespace) -> int:
-    if not 0 <= args.port <= 65535:
-        raise UserError(f"--port must be between 0 and 65535, got {args.port}")
     # Checked once up front, so a wrong configuration is an error now, not a silent 0 later.
     url = db.ready_url(Settings.from_env())
     registry = registry_for(partial(db.connect, url, autocommit=True))

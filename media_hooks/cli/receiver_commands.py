@@ -6,6 +6,7 @@ import argparse
 import signal
 import threading
 
+from media_hooks import numeric
 from media_hooks.errors import RuntimeFailure, UserError
 from media_hooks.receiver import ReceivedRequest, Receiver, random_faults
 
@@ -15,7 +16,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "receiver",
         help="run a webhook receiver that verifies signatures and deduplicates by webhook-id",
     )
-    parser.add_argument("--port", type=int, default=0, help="TCP port (default: any free one)")
+    parser.add_argument(
+        "--port",
+        type=numeric.argument(numeric.PORT_OR_ANY),
+        default=0,
+        help="TCP port (default: any free one)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument(
         "--secret",
@@ -25,42 +31,46 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="verify signatures with this secret (repeat during a rotation)",
     )
     parser.add_argument(
-        "--tolerance", type=float, default=300, metavar="SECONDS", help="timestamp tolerance"
+        "--tolerance",
+        type=numeric.argument(numeric.SECONDS_UP_TO_A_DAY),
+        default=300,
+        metavar="SECONDS",
+        help="timestamp tolerance",
     )
     parser.add_argument(
-        "--fail-rate", type=float, default=0.0, metavar="FRACTION", help="answer 500 this often"
+        "--fail-rate",
+        type=numeric.argument(numeric.FRACTION),
+        default=0.0,
+        metavar="FRACTION",
+        help="answer 500 this often",
     )
     parser.add_argument(
         "--rate-limit-rate",
-        type=float,
+        type=numeric.argument(numeric.FRACTION),
         default=0.0,
         metavar="FRACTION",
         help="answer 429 with Retry-After this often",
     )
     parser.add_argument(
-        "--retry-after", type=int, default=1, metavar="SECONDS", help="Retry-After of a 429"
+        "--retry-after",
+        type=numeric.argument(numeric.Range(0, 86400, low_inclusive=True, integer=True)),
+        default=1,
+        metavar="SECONDS",
+        help="Retry-After of a 429",
     )
     parser.add_argument(
-        "--delay", type=float, default=0.0, metavar="SECONDS", help="answer this much later"
+        "--delay",
+        type=numeric.argument(numeric.Range(0, 3600, low_inclusive=True, unit="seconds")),
+        default=0.0,
+        metavar="SECONDS",
+        help="answer this much later",
     )
     parser.set_defaults(handler=run_receiver)
 
 
 def _validate(args: argparse.Namespace) -> None:
-    if not 0 <= args.port <= 65535:
-        raise UserError(f"--port must be between 0 and 65535, got {args.port}")
-    for name in ("fail_rate", "rate_limit_rate"):
-        value = getattr(args, name)
-        if not 0 <= value <= 1:
-            raise UserError(f"--{name.replace('_', '-')} must be between 0 and 1, got {value}")
     if args.fail_rate + args.rate_limit_rate > 1:
         raise UserError("--fail-rate and --rate-limit-rate together must not exceed 1")
-    if args.delay < 0:
-        raise UserError(f"--delay must not be negative, got {args.delay}")
-    if args.tolerance <= 0:
-        raise UserError(f"--tolerance must be greater than 0, got {args.tolerance}")
-    if args.retry_after < 0:
-        raise UserError(f"--retry-after must not be negative, got {args.retry_after}")
 
 
 def log_line(entry: ReceivedRequest) -> str:

@@ -6,12 +6,16 @@ import argparse
 import os
 import time
 
-from media_hooks import db, figures, sweeps
+from media_hooks import db, figures, numeric, sweeps
 from media_hooks.cli.output import print_json, table
 from media_hooks.config import Settings
-from media_hooks.errors import RuntimeFailure, UserError
+from media_hooks.errors import RuntimeFailure
+from media_hooks.secret_store import SecretBox
 
 SUMMARY_COLUMNS = ("claimed", "succeeded", "retried", "dead", "ambiguous")
+# One claim is one transaction: a page stays small however large the backlog (invariant 7).
+PAGE_SIZE = numeric.Range(1, 10_000, low_inclusive=True, integer=True)
+MAX_SECONDS = numeric.Range(0, 365 * numeric.DAY_SECONDS, unit="seconds")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -40,25 +44,31 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="A",
         help="deliver only events about this asset (repeatable; default: every asset)",
     )
-    run.add_argument("--max-rows", type=int, metavar="N", help="most rows one run claims")
-    run.add_argument("--page-size", type=int, metavar="N", help="rows claimed per transaction")
+    run.add_argument(
+        "--max-rows",
+        type=numeric.argument(numeric.COUNT),
+        metavar="N",
+        help="most rows one run claims",
+    )
+    run.add_argument(
+        "--page-size",
+        type=numeric.argument(PAGE_SIZE),
+        metavar="N",
+        help="rows claimed per transaction (at most 10000)",
+    )
     run.add_argument(
         "--until-idle",
         action="store_true",
         help="repeat runs until nothing in the cohort is due (or --max-seconds passes)",
     )
-    run.add_argument("--max-seconds", type=float, metavar="S", help="stop repeating after S")
+    run.add_argument(
+        "--max-seconds",
+        type=numeric.argument(MAX_SECONDS),
+        metavar="S",
+        help="stop repeating after S seconds (at most a year)",
+    )
     run.add_argument("--json", action="store_true", help="print one JSON document")
     run.set_defaults(handler=run_deliveries)
-
-
-def _check(args: argparse.Namespace) -> None:
-    for name in ("max_rows", "page_size"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-    if args.max_seconds is not None and args.max_seconds <= 0:
-        raise UserError(f"--max-seconds must be greater than 0, got {args.max_seconds}")
 
 
 def _claim_config(args: argparse.Namespace) -> dict:
@@ -99,8 +109,8 @@ def _release(url: str, run_id: str) -> int:
 
 
 def run_deliveries(args: argparse.Namespace) -> int:
-    _check(args)
     settings = Settings.from_env()
+    SecretBox.from_env()  # a malformed key is refused here, not by every delivery step
     url = db.ready_url(settings)
     # Dagster loads only when there is work to run: usage errors stay fast.
     from media_hooks.orchestration.instance import open_instance

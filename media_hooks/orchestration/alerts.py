@@ -15,20 +15,10 @@ from datetime import datetime
 
 import requests
 
-from media_hooks.errors import UserError
 from media_hooks.figures import Figures
+from media_hooks.numeric import COUNT, SECONDS_UP_TO_30_DAYS, from_env
 
 log = logging.getLogger("media_hooks.alerts")
-
-
-def _env_number(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise UserError(f"{name} must be a number, got {raw!r}") from None
 
 
 @dataclass(frozen=True)
@@ -40,9 +30,13 @@ class Thresholds:
     @classmethod
     def from_env(cls) -> Thresholds:
         return cls(
-            oldest_due_seconds=_env_number("MEDIA_HOOKS_ALERT_OLDEST_DUE_SECONDS", 900.0),
-            relay_lag_seconds=_env_number("MEDIA_HOOKS_ALERT_RELAY_LAG_SECONDS", 900.0),
-            expired_leases=int(_env_number("MEDIA_HOOKS_ALERT_EXPIRED_LEASES", 1)),
+            oldest_due_seconds=from_env(
+                "MEDIA_HOOKS_ALERT_OLDEST_DUE_SECONDS", 900.0, SECONDS_UP_TO_30_DAYS
+            ),
+            relay_lag_seconds=from_env(
+                "MEDIA_HOOKS_ALERT_RELAY_LAG_SECONDS", 900.0, SECONDS_UP_TO_30_DAYS
+            ),
+            expired_leases=from_env("MEDIA_HOOKS_ALERT_EXPIRED_LEASES", 1, COUNT),
         )
 
     def breaches(self, f: Figures) -> list[str]:

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import resource
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from media_hooks_tests.conftest import run_cli
+from media_hooks_tests.conftest import REPO, run_cli
+from media_hooks_tests.fingerprints import content_fingerprint
 
 
 @pytest.fixture
@@ -140,3 +146,141 @@ def test_bulk_usage_errors(env, tmp_path):
     _assert_one_clear_line(mixed, contains="drop --destination")
     missing = run_cli("emit", "--file", str(tmp_path / "absent.jsonl"), env=env)
     _assert_one_clear_line(missing, contains="cannot read")
+
+
+DEEP = "[" * 2000 + "]" * 2000
+LONG_NUMBER = "9" * 5000
+
+
+@pytest.mark.parametrize(
+    ("payload", "problem"),
+    [
+        ('{"n": ' + LONG_NUMBER + "}", "a number has more than 4300 digits"),
+        ('{"deep": ' + DEEP + "}", "nested too deeply"),
+        ('{"deep": ' + "[" * 200 + "]" * 200 + "}", "payload is nested more than 128 levels"),
+    ],
+)
+def test_hostile_payloads_are_refused_cleanly_both_ways(
+    env, database_url, tmp_path, payload, problem
+):
+    single = run_cli("emit", *SINGLE, "--payload", payload, env=env)
+    _assert_one_clear_line(single, contains=problem)
+    line = (
+        '{"destination_id": "pub", "asset_id": "a", "event_type": "t", "payload": ' + payload + "}"
+    )
+    bulk = run_cli("emit", "--file", _file(tmp_path, [_line(1), line]), env=env)
+    _assert_one_clear_line(bulk, contains="line 2: ")
+    assert problem in bulk.stderr
+    assert _count(database_url) == 0
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        ({"asset_id": "a" * 10_000_000}, "line 2 is longer than 8388608 bytes"),
+        ({"asset_id": "a" * 2_000_000}, "line 2: asset_id is 2000000 characters long"),
+        ({"event_type": "t" * 5_000_000}, "line 2: event_type is 5000000 characters long"),
+    ],
+)
+def test_overlong_fields_in_a_file_are_refused(env, database_url, tmp_path, changes, problem):
+    done = run_cli("emit", "--file", _file(tmp_path, [_line(1), _line(2, **changes)]), env=env)
+    _assert_one_clear_line(done, contains=problem)
+    assert _count(database_url) == 0
+
+
+def test_a_conflicting_duplicate_in_a_file_names_both_lines(env, database_url, tmp_path):
+    lines = [
+        _line(1, delivery_id="k"),
+        _line(2),
+        _line(3, delivery_id="k"),
+        _line(1, delivery_id="k"),
+    ]
+    done = run_cli("emit", "--file", _file(tmp_path, lines), env=env)
+    _assert_one_clear_line(
+        done, contains="line 3: delivery_id 'k' is already used by line 1 for a different event"
+    )
+    assert _count(database_url) == 0
+    identical = [_line(1, delivery_id="k"), _line(2), _line(1, delivery_id="k")]
+    again = run_cli("emit", "--file", _file(tmp_path, identical, "ok.jsonl"), "--json", env=env)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == {"inserted": 2, "already_present": 0}
+
+
+def _run_measured(args: list[str], env: dict[str, str], tmp_path: Path) -> tuple[int, str, int]:
+    """Run media-hooks; its exit status, stderr and peak memory (KiB). Address space is capped
+    at 2 GiB, so a regression fails the test instead of exhausting the machine."""
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 * 1024**3, 2 * 1024**3))
+
+    err_path = tmp_path / "stderr.txt"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "media_hooks.cli", *args],
+            env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, preexec_fn=cap,
+        )  # fmt: skip
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, err_path.read_text(), usage.ru_maxrss
+
+
+def test_emit_file_dev_zero_is_refused_in_bounded_memory(env, database_url, tmp_path):
+    status, stderr, peak_kib = _run_measured(["emit", "--file", "/dev/zero"], env, tmp_path)
+    assert status == 2, stderr
+    assert stderr.strip() == (
+        "media-hooks: line 1 is longer than 8388608 bytes, the most one event's line may have"
+    )
+    assert peak_kib < 300 * 1024, f"peak memory {peak_kib // 1024} MiB"
+    assert _count(database_url) == 0
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"", "is empty: no events to record"),
+        (b"\n  \n\n", "has only blank lines: no events to record"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe", "line 1: not UTF-8 text"),
+        (b"\x00\x01\x02\n", "line 1: not valid JSON"),
+    ],
+)
+def test_empty_and_binary_files_are_refused(env, database_url, tmp_path, content, problem):
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(content)
+    _assert_one_clear_line(run_cli("emit", "--file", str(path), env=env), contains=problem)
+    assert _count(database_url) == 0
+
+
+def test_a_connection_killed_mid_copy_is_one_line_and_exit_1(env, database_url, tmp_path):
+    path = tmp_path / "big.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        for n in range(300_000):
+            f.write(_line(n) + "\n")
+    with psycopg.connect(database_url, autocommit=True) as watcher:
+        before = content_fingerprint(watcher)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "media_hooks.cli", "emit", "--file", str(path)],
+            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            copying = None
+            while copying is None and time.monotonic() < deadline and proc.poll() is None:
+                copying = watcher.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid() "
+                    "AND query LIKE '%%COPY media_hooks_emit_staging%%' AND state = 'active'"
+                ).fetchone()
+                time.sleep(0.01)
+            assert copying is not None, "the COPY was never seen running"
+            watcher.execute("SELECT pg_terminate_backend(%s)", copying)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 1, err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in err, err
+        assert lines[0].startswith("media-hooks: the database connection failed while recording")
+        assert "run the same command again" in lines[0]
+        assert out == ""
+        assert content_fingerprint(watcher) == before

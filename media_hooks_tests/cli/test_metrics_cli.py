@@ -72,4 +72,4 @@ def test_a_scrape_parses_and_matches_the_database(conn, exporter):
 def test_a_bad_port_exits_2(cli_env):
     result = run_cli("metrics", "--port", "70000", env=cli_env)
     assert result.returncode == 2
-    assert "--port must be between 0 and 65535" in result.stderr
+    assert "--port: must be a whole number at least 0 and at most 65535" in result.stderr

@@ -91,10 +91,13 @@ def test_receiver_accepts_a_signed_request_logs_it_and_stops(sig: int) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--fail-rate", "2"], "--fail-rate must be between 0 and 1"),
+        (["--fail-rate", "2"], "--fail-rate: must be a number at least 0 and at most 1"),
+        (["--fail-rate", "nan"], "--fail-rate: must be a number at least 0 and at most 1"),
+        (["--tolerance", "inf"], "--tolerance: must be a number of seconds greater than 0"),
         (["--fail-rate", "0.7", "--rate-limit-rate", "0.5"], "together must not exceed 1"),
-        (["--delay", "-1"], "--delay must not be negative"),
-        (["--port", "70000"], "--port must be between"),
+        (["--delay", "-1"], "--delay: must be a number of seconds at least 0 and at most 3600"),
+        (["--delay", "nan"], "--delay: must be a number of seconds at least 0"),
+        (["--port", "70000"], "--port: must be a whole number at least 0 and at most 65535"),
         (["--secret", "whsec_###hunter2###"], "webhook secret"),
     ],
 )

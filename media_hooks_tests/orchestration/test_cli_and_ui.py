@@ -56,7 +56,14 @@ def test_run_until_idle_prints_each_run_as_json(env, conn, receiver):
 def test_run_refuses_bad_numbers_in_one_line(env):
     done = run_cli("run", "--page-size", "0", env=env)
     assert done.returncode == 2
-    assert done.stderr.strip() == "media-hooks: --page-size must be at least 1, got 0"
+    assert done.stderr.strip() == (
+        "media-hooks: argument --page-size: must be a whole number at least 1 and at most 10000, "
+        "got '0' (see `media-hooks run --help`)"
+    )
+    for option, value in [("--max-seconds", "nan"), ("--max-seconds", "inf"), ("--max-rows", "-3")]:
+        refused = run_cli("run", "--until-idle", option, value, env=env)
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr.count("\n") == 1 and f"argument {option}: must be" in refused.stderr
 
 
 def _free_port() -> int:
@@ -177,3 +184,5 @@ def test_dagster_ui_loads_everything_and_launches_a_delivery_run(env, conn, rece
     assert f"Dagster UI: {url}" in output
     # Dagster's own advice to use another command is not ours to pass on (dev_commands.py).
     assert "SupersessionWarning" not in output
+    # The effective SSRF setting, so whoever starts it sees what every send is held to.
+    assert "SSRF guard: off (MEDIA_HOOKS_ALLOW_PRIVATE_URLS=1)" in output

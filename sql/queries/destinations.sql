@@ -80,3 +80,26 @@ SET enabled = false,
     updated_at = now()
 WHERE destination_id = %(destination_id)s
 RETURNING destination_id;
+
+-- name: destination_has_sealed_secrets
+-- description: whether any destination's secrets are stored encrypted (fernet:…): adding a
+-- secret without the key would then store it in the clear beside them.
+SELECT EXISTS (
+    SELECT 1 FROM webhook_destination AS w, unnest(w.secrets) AS s WHERE s LIKE 'fernet:%%'
+) AS sealed;
+
+-- name: destination_secrets_for_rekey
+-- description: every destination that has secrets, locked against a concurrent add while its
+-- secrets are re-encrypted (NO KEY UPDATE: emits' foreign-key checks are not blocked).
+SELECT destination_id, secrets
+FROM webhook_destination
+WHERE cardinality(secrets) > 0
+ORDER BY destination_id
+FOR NO KEY UPDATE;
+
+-- name: destination_store_secrets
+-- description: one destination's secrets, as stored after re-encryption.
+UPDATE webhook_destination
+SET secrets = %(secrets)s::text[],
+    updated_at = now()
+WHERE destination_id = %(destination_id)s;

@@ -98,3 +98,31 @@ SELECT inserted_count.n AS inserted,
        (SELECT count(DISTINCT delivery_id) FROM media_hooks_emit_staging) - inserted_count.n
            AS already_present
 FROM inserted_count;
+
+-- name: emit_staging_conflicting_duplicate
+-- description: the first staged event (by ordinal) whose delivery_id an earlier staged event
+-- has with a different destination, asset, event type or payload, with that earlier ordinal.
+-- Only ids staged more than once are compared (one narrow aggregate over the ids: ~4% of a
+-- bulk emit), not every row.
+-- invariant 2: one delivery_id, one payload; two different events under one id in one batch
+-- are a producer's mistake, refused rather than silently collapsed to the first.
+WITH repeated AS (
+    SELECT s.*
+    FROM media_hooks_emit_staging AS s
+    WHERE s.delivery_id IN (
+        SELECT delivery_id FROM media_hooks_emit_staging GROUP BY delivery_id HAVING count(*) > 1
+    )
+),
+earliest AS (
+    SELECT DISTINCT ON (delivery_id) *
+    FROM repeated
+    ORDER BY delivery_id, ordinal
+)
+SELECT later.delivery_id, earliest.ordinal AS first_ordinal, later.ordinal
+FROM repeated AS later
+JOIN earliest ON earliest.delivery_id = later.delivery_id AND earliest.ordinal < later.ordinal
+WHERE (later.destination_id, later.asset_id, later.event_type, later.payload)
+      IS DISTINCT FROM (earliest.destination_id, earliest.asset_id, earliest.event_type,
+                        earliest.payload)
+ORDER BY later.ordinal
+LIMIT 1;

@@ -34,6 +34,9 @@ class Settings:
     breaker_min_attempts: int = 20
     # Where a delivery's threads run: 'auto', 'off' or a CPU number (media_hooks.affinity).
     delivery_cpu: str = affinity.AUTO
+    # How long a run stopped at `media-hooks run --max-seconds` may take to hand back what it
+    # holds before the command kills it.
+    run_stop_grace_seconds: float = 15.0
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -46,6 +49,7 @@ class Settings:
             breaker_stretch_seconds=_positive_float("MEDIA_HOOKS_BREAKER_SECONDS", 86400.0),
             breaker_min_attempts=int(_positive_float("MEDIA_HOOKS_BREAKER_MIN_ATTEMPTS", 20)),
             delivery_cpu=affinity.parse(os.environ.get(affinity.ENV)),
+            run_stop_grace_seconds=_positive_float("MEDIA_HOOKS_RUN_STOP_GRACE_SECONDS", 15.0),
         )
 
     @property

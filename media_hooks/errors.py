@@ -11,3 +11,9 @@ class RuntimeFailure(Exception):
     """The environment failed (database unreachable, schema missing...): exit status 1."""
 
     exit_code = 1
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception as one line for a person: its type and the first line of its message."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__

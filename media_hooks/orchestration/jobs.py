@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dagster import Executor, ExecutorDefinition, InitExecutorContext, job, multiprocess_executor
 
 from media_hooks.orchestration import run_workers
+from media_hooks.orchestration.config import DeliverConfig
 from media_hooks.orchestration.ops.delivery import (
     claim_due_pages,
     deliver_destination_batch,
@@ -46,6 +47,19 @@ DELIVERY_EXECUTION = {
             "forkserver": {"preload_modules": ["media_hooks.orchestration.definitions"]}
         },
     }
+}
+
+
+# The Launchpad opens on this: every cohort field with its default, ready to edit.
+DELIVERY_DEFAULT_CONFIG = {
+    "execution": DELIVERY_EXECUTION,
+    "ops": {
+        "claim_due_pages": {
+            "config": {
+                name: field.get_default() for name, field in DeliverConfig.model_fields.items()
+            }
+        }
+    },
 }
 
 
@@ -85,10 +99,11 @@ delivery_executor = ExecutorDefinition(
 @job(
     description="Delivers due webhooks: claim due pages into the outbox under this run's id, "
     "then one mapped step per destination batch, in parallel, then a summary. Safe to run at "
-    "any time and to overlap: the row protocol divides the work.",
+    "any time and to overlap: the row protocol divides the work. Fails only on an "
+    "infrastructure fault; what receivers answered is in its tags (media_hooks/outcome).",
     tags=DELIVERY_RUN_TAG,
     executor_def=delivery_executor,
-    config={"execution": DELIVERY_EXECUTION},
+    config=DELIVERY_DEFAULT_CONFIG,
 )
 def deliver_webhooks():
     claimed = claim_due_pages()

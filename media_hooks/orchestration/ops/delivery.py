@@ -27,6 +27,7 @@ from media_hooks.orchestration.metadata import (
     cohort_tags,
     counts_table,
     mapping_key,
+    outcome_tags,
     rows_of_run,
 )
 from media_hooks.orchestration.resources import DeliverySettingsResource, PostgresResource
@@ -242,14 +243,20 @@ def summarize(run_id: str, claimed: Claimed, results: list[BatchResult]) -> RunS
     )
 
 
-@op(description="Fans in: totals and per-destination counts, and how to list this run's rows.")
+@op(
+    description="Fans in: totals and per-destination counts, how to list this run's rows, and "
+    "the run's outcome as tags for the run list (media_hooks/outcome, media_hooks/delivered)."
+)
 def summarize_run(
     context: OpExecutionContext, claimed: Claimed, results: list[BatchResult]
 ) -> Output[RunSummary]:
     summary = summarize(claimed.run_id, claimed, results)
+    tags = outcome_tags(summary.claimed, summary.totals)
+    context.instance.add_run_tags(context.run_id, tags)
     return Output(
         summary,
         metadata={
+            "outcome": tags["media_hooks/outcome"],
             "claimed": summary.claimed,
             **{name: summary.totals.get(name, 0) for name in COUNT_COLUMNS},
             "per_destination": MetadataValue.md(

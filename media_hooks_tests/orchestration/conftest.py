@@ -28,11 +28,16 @@ from media_hooks_tests.conftest import create_database, drop_database, with_data
 SPAWN = {"config": {"max_concurrent": 8, "start_method": {"spawn": {}}}}
 
 
-@pytest.fixture(scope="session")
-def dagster_storage_url(server_url: str) -> Iterator[str]:
+def _storage_database(server_url: str) -> Iterator[str]:
+    """A new database for Dagster's storage, as the URL Dagster takes; dropped afterwards."""
     name = create_database(server_url)
     yield instance_module.as_url(with_database(server_url, name))
     drop_database(server_url, name)
+
+
+@pytest.fixture(scope="session")
+def dagster_storage_url(server_url: str) -> Iterator[str]:
+    yield from _storage_database(server_url)
 
 
 @pytest.fixture(scope="session")
@@ -62,10 +67,8 @@ def instance(dagster_home: Path) -> Iterator[DagsterInstance]:
 
 @pytest.fixture(scope="module")
 def own_storage_url(server_url: str) -> Iterator[str]:
-    """Dagster's storage in a database of this module's own (a URL for Dagster)."""
-    name = create_database(server_url)
-    yield instance_module.as_url(with_database(server_url, name))
-    drop_database(server_url, name)
+    """Dagster's storage in a database of this module's own."""
+    yield from _storage_database(server_url)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import pytest
@@ -17,7 +16,7 @@ import requests
 import yaml
 
 from media_hooks.receiver import Receiver, Reply
-from media_hooks_tests.conftest import REPO, run_cli
+from media_hooks_tests.conftest import run_cli, start_cli
 from media_hooks_tests.factories import add_deliveries, add_destination, states
 
 LOCATION = {"repositoryLocationName": "media_hooks", "repositoryName": "__repository__"}
@@ -150,15 +149,7 @@ def test_dagster_ui_loads_everything_and_launches_a_delivery_run(env, conn, rece
     add_destination(conn, "beta:2", receiver.url + "beta")
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    dev = subprocess.Popen(
-        [sys.executable, "-m", "media_hooks.cli", "dev", "--port", str(port)],
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    dev = start_cli("dev", "--port", str(port), env=env, own_session=True, stderr=subprocess.STDOUT)
     held = Receiver(script=lambda info: Reply(delay_seconds=120)).start()
     try:
         _wait_for(lambda: _serving(url), 120, "the Dagster UI")
@@ -215,6 +206,10 @@ def test_dagster_ui_loads_everything_and_launches_a_delivery_run(env, conn, rece
         assert tags["media_hooks/outcome"] == "all-delivered"
         assert tags["media_hooks/delivered"] == "5"
         assert tags["media_hooks/cohort.destination_ids"] == "alpha"
+        # Its worker was a run process of the code server, recorded for the recovery passes.
+        worker = json.loads(tags["media_hooks/worker"])
+        assert (worker["run_id"], worker["host"]) == (run_id, socket.gethostname())
+        assert worker["pid"] not in (os.getpid(), dev.pid)
 
         # The lag sensor's page: each tick's cursor leads with its health line.
         selector = {**LOCATION, "sensorName": "delivery_lag_sensor"}

@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from media_hooks.orchestration import instance as instance_module
 from media_hooks.orchestration.ops.delivery import DELIVERY_POOL
 from media_hooks.orchestration.recovery import RELEASED_TAG
 from media_hooks.receiver import Receiver, Reply
-from media_hooks_tests.conftest import REPO, run_cli
+from media_hooks_tests.conftest import run_cli, start_cli
 from media_hooks_tests.factories import add_deliveries, add_destination, states
 from media_hooks_tests.orchestration.conftest import hold_pool_slot, slot_holders
 from media_hooks_tests.outage import database_proxy
@@ -66,15 +65,7 @@ def gated() -> Iterator[tuple[Receiver, Gate]]:
 
 
 def _start_cli(*args: str, env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "media_hooks.cli", *args],
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    return start_cli(*args, env=env, own_session=True)
 
 
 def _delivery_runs(instance) -> list:

@@ -151,14 +151,23 @@ def run_deliveries(args: argparse.Namespace) -> int:
     os.environ["MEDIA_HOOKS_DATABASE_URL"] = url
     console = DagsterConsole(settings.home / "logs" / "run.log")
     report = _Report(args.json, console.path)
-    with console.captured():
-        instance = open_instance(settings)
-    supervisor = RunSupervisor(
-        instance, url, settings, console, max_seconds=args.max_seconds, started=started
-    )
+    try:
+        with console.captured():
+            instance = open_instance(settings)
+        supervisor = RunSupervisor(
+            instance, url, settings, console, max_seconds=args.max_seconds, started=started
+        )
+        recovered = supervisor.recover()
+    except RuntimeFailure:
+        raise
+    except Exception as exc:  # Dagster's storage unreachable, most likely
+        console.log_error()
+        raise RuntimeFailure(
+            f"cannot reach Dagster's storage: {first_line(exc)} (details in {console.path})"
+        ) from None
     config = _claim_config(args)
     with supervisor.watchdog as watchdog:
-        report.recovered(supervisor.recover())
+        report.recovered(recovered)
         while True:
             try:
                 run = supervisor.execute(config)

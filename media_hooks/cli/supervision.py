@@ -64,6 +64,10 @@ class DagsterConsole:
         # The terminal, for the command's own lines even while the descriptors point at the log.
         self.terminal = os.fdopen(os.dup(2), "w", buffering=1)
 
+    def log_error(self) -> None:
+        """The exception being handled, with its traceback, into the log."""
+        os.write(self._log_fd, traceback.format_exc().encode())
+
     def note(self, text: str) -> None:
         os.write(self._log_fd, f"== {datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC {text}\n".encode())
 

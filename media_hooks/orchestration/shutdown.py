@@ -38,8 +38,13 @@ def cancel_runs_in(
     pids = set(pids)
     canceled = []
     for run in instance.get_runs(filters=RunsFilter(statuses=run_workers.IN_PROGRESS)):
-        if worker_pid(instance, run) in pids and instance.run_launcher.terminate(run.run_id):
-            canceled.append(run)
+        if worker_pid(instance, run) not in pids:
+            continue
+        try:
+            if instance.run_launcher.terminate(run.run_id):
+                canceled.append(run)
+        except Exception:  # its code server is gone: the recovery pass after the stop marks it
+            continue
     deadline = time.monotonic() + timeout_seconds
     while time.monotonic() < deadline:
         current = [instance.get_run_by_id(run.run_id) for run in canceled]

@@ -18,6 +18,8 @@ what it can; the next pass does the rest.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -26,14 +28,13 @@ from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
 
 from media_hooks import reconciler, sweeps
 from media_hooks.orchestration import run_workers
+from media_hooks.sqlfiles import query
 
 RELEASED_TAG = "media_hooks/released"
 UNSUCCESSFUL = [DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
 # Failed runs looked at per pass, newest first; a pass that is not enough leaves the rest to
 # the next one.
 FAILED_RUNS_PER_PASS = 50
-# Recovery passes at once: one (the others skip). Keeps one dead run from being reported twice.
-_LOCK_KEY = "media_hooks.recovery"
 
 
 @dataclass(frozen=True)
@@ -65,17 +66,38 @@ def free_pool_slots(instance: DagsterInstance, run_id: str) -> int:
     return held
 
 
+@contextmanager
+def _one_at_a_time(conn: psycopg.Connection, *, wait: bool) -> Iterator[bool]:
+    """The recovery lock (sql/queries/recovery.sql): yields whether this session holds it
+    (``wait``: once it does). A pass under way makes another skip, a release waits for it: a
+    dead run is reported once, and its tag counts each released row once."""
+    if wait:
+        conn.execute(query("recovery_lock"))
+        held = True
+    else:
+        held = conn.execute(query("recovery_try_lock")).fetchone()["got"]
+    try:
+        yield held
+    finally:
+        if held:
+            conn.execute(query("recovery_unlock"))
+
+
 def release(
     instance: DagsterInstance, conn: psycopg.Connection, run: DagsterRun, *, reason: str | None
 ) -> Recovered:
-    """Frees a finished run's slots and releases its rows, then records that on the run.
+    """Frees a finished run's slots and releases its rows, then records on the run how many
+    rows were released in all.
 
     The tag is written only when this database holds the run's dispatches: a run of another
     deployment sharing the Dagster instance keeps waiting for its own."""
-    slots = free_pool_slots(instance, run.run_id)
-    released = sweeps.release_run(conn, run.run_id)
-    if reconciler.run_dispatched(conn, run.run_id):
-        instance.add_run_tags(run.run_id, {RELEASED_TAG: str(released)})
+    with _one_at_a_time(conn, wait=True):
+        slots = free_pool_slots(instance, run.run_id)
+        released = sweeps.release_run(conn, run.run_id)
+        if reconciler.run_dispatched(conn, run.run_id):
+            current = instance.get_run_by_id(run.run_id) or run
+            before = int(current.tags.get(RELEASED_TAG, "0"))
+            instance.add_run_tags(run.run_id, {RELEASED_TAG: str(before + released)})
     return Recovered(run.run_id, reason, released, slots)
 
 
@@ -131,12 +153,11 @@ def recover(
     *,
     window_seconds: float,
 ) -> list[Recovered]:
-    """One recovery pass (see the module's docstring); the runs it did something for."""
-    if not conn.execute(
-        "SELECT pg_try_advisory_lock(hashtext(%s)) AS got", (_LOCK_KEY,)
-    ).fetchone()["got"]:
-        return []
-    try:
+    """One recovery pass (see the module's docstring); the runs it did something for. A pass
+    already under way elsewhere makes this one a no-op."""
+    with _one_at_a_time(conn, wait=False) as mine:
+        if not mine:
+            return []
         reasons = {
             run.run_id: _mark_dead(instance, run, w) for run, w in dead_runs(instance, job_name)
         }
@@ -145,5 +166,3 @@ def recover(
             for run in unreleased_runs(instance, job_name, window_seconds)
         ]
         return [d for d in done if d.marked_failed or d.released or d.slots_freed]
-    finally:
-        conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (_LOCK_KEY,))

@@ -258,6 +258,9 @@ def test_the_lag_sensor_fails_a_dead_run_frees_its_slots_and_catches_up_its_rows
     assert states(conn) == {"pending": 4}
     assert [r.run_key for r in result.run_requests] == [f"catch-up:after:{run_id}"]
     assert _health(result).startswith("recovered 1 dead run(s), 4 delivery(ies) due again; ")
+    # The daemon's failure sensor sees the run fail next: nothing left to do, nothing miscounted.
+    assert "0 delivery(ies) due again" in _on_failure(own_instance, run, database_url).skip_message
+    assert own_instance.get_run_by_id(run_id).tags[RELEASED_TAG] == "4"
 
 
 def test_a_live_run_is_left_alone(own_instance, database_url, conn):
@@ -314,6 +317,21 @@ def test_an_alert_that_did_not_get_through_is_sent_on_the_next_tick(
     assert len(inbox.texts) == 1
 
 
+def _on_failure(instance, run, database_url: str) -> SkipReason:
+    """The run-failure sensor's evaluation for ``run``."""
+    event = DagsterEvent(
+        event_type_value=DagsterEventType.RUN_FAILURE.value, job_name="deliver_webhooks"
+    )
+    with build_run_status_sensor_context(
+        sensor_name="delivery_run_failure_sensor",
+        dagster_event=event,
+        dagster_instance=instance,
+        dagster_run=run,
+        resources={"postgres": PostgresResource(database_url=database_url)},
+    ) as context:
+        return failure_sensor(context.for_run_failure())
+
+
 def test_failure_sensor_releases_exactly_the_failed_runs_rows_and_frees_its_slots(
     own_instance, database_url, conn
 ):
@@ -330,17 +348,7 @@ def test_failure_sensor_releases_exactly_the_failed_runs_rows_and_frees_its_slot
     storage = own_instance.event_log_storage
     for run_id in (failed.run_id, other):
         hold_pool_slot(storage, run_id)
-    event = DagsterEvent(
-        event_type_value=DagsterEventType.RUN_FAILURE.value, job_name="deliver_webhooks"
-    )
-    with build_run_status_sensor_context(
-        sensor_name="delivery_run_failure_sensor",
-        dagster_event=event,
-        dagster_instance=own_instance,
-        dagster_run=failed,
-        resources={"postgres": PostgresResource(database_url=database_url)},
-    ) as context:
-        result = failure_sensor(context.for_run_failure())
+    result = _on_failure(own_instance, failed, database_url)
 
     assert isinstance(result, SkipReason)
     assert "4 delivery(ies) due again, 1 pool slot(s) freed" in result.skip_message

@@ -145,29 +145,26 @@ def run_deliveries(args: argparse.Namespace) -> int:
     url = db.ready_url(settings)
     # Dagster loads only when there is work to run: usage errors stay fast.
     from media_hooks.cli.supervision import DagsterConsole, RunSupervisor
-    from media_hooks.orchestration.instance import open_instance
 
     # Step processes then reuse this ready database instead of resolving the default again.
     os.environ["MEDIA_HOOKS_DATABASE_URL"] = url
     console = DagsterConsole(settings.home / "logs" / "run.log")
     report = _Report(args.json, console.path)
-    try:
-        with console.captured():
-            instance = open_instance(settings)
-        supervisor = RunSupervisor(
-            instance, url, settings, console, max_seconds=args.max_seconds, started=started
-        )
-        recovered = supervisor.recover()
-    except RuntimeFailure:
-        raise
-    except Exception as exc:  # Dagster's storage unreachable, most likely
-        console.log_error()
-        raise RuntimeFailure(
-            f"cannot reach Dagster's storage: {first_line(exc)} (details in {console.path})"
-        ) from None
+    supervisor = RunSupervisor(
+        url, settings, console, max_seconds=args.max_seconds, started=started
+    )
     config = _claim_config(args)
     with supervisor.watchdog as watchdog:
-        report.recovered(recovered)
+        try:
+            supervisor.open()
+            report.recovered(supervisor.recover())
+        except RuntimeFailure:
+            raise
+        except Exception as exc:  # Dagster's storage unreachable, most likely
+            console.log_error()
+            raise RuntimeFailure(
+                f"cannot reach Dagster's storage: {first_line(exc)} (details in {console.path})"
+            ) from None
         while True:
             try:
                 run = supervisor.execute(config)

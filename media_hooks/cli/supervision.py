@@ -40,6 +40,7 @@ from dagster import DagsterInstance
 from media_hooks import db
 from media_hooks.config import Settings
 from media_hooks.orchestration import recovery, run_workers
+from media_hooks.orchestration.instance import open_instance
 from media_hooks.orchestration.jobs import deliver_webhooks
 from media_hooks.orchestration.running import DeliveryRun, execute_delivery
 
@@ -140,7 +141,6 @@ class RunSupervisor:
 
     def __init__(
         self,
-        instance: DagsterInstance,
         url: str,
         settings: Settings,
         console: DagsterConsole,
@@ -148,7 +148,7 @@ class RunSupervisor:
         max_seconds: float | None,
         started: float | None = None,
     ) -> None:
-        self.instance = instance
+        self.instance: DagsterInstance | None = None
         self.url = url
         self.settings = settings
         self.console = console
@@ -163,6 +163,11 @@ class RunSupervisor:
         )
         self._executing = threading.Event()
         self._abandoning = threading.Event()
+
+    def open(self) -> None:
+        """Opens the Dagster instance (its storage may take a while to answer, or not)."""
+        with self.console.captured():
+            self.instance = open_instance(self.settings)
 
     def recover(self) -> list[recovery.Recovered]:
         with self.console.captured(), db.connect(self.url, autocommit=True) as conn:
@@ -192,7 +197,7 @@ class RunSupervisor:
 
     def stop(self) -> None:
         """Stops the run in progress as Dagster stops a run."""
-        if not self._executing.is_set():
+        if not self._executing.is_set() or self.instance is None:
             return
         for run in run_workers.runs_of_this_process(self.instance, JOB_NAME):
             self.instance.report_run_canceling(run, f"media-hooks run: {self.stop_reason}")

@@ -40,6 +40,9 @@ class Settings:
     breaker_min_attempts: int = 20
     # Where a delivery's threads run: 'auto', 'off' or a CPU number (media_hooks.affinity).
     delivery_cpu: str = affinity.AUTO
+    # How long a run stopped at `media-hooks run --max-seconds` may take to hand back what it
+    # holds before the command kills it.
+    run_stop_grace_seconds: float = 15.0
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -56,6 +59,9 @@ class Settings:
             ),
             breaker_min_attempts=from_env("MEDIA_HOOKS_BREAKER_MIN_ATTEMPTS", 20, COUNT),
             delivery_cpu=affinity.parse(os.environ.get(affinity.ENV)),
+            run_stop_grace_seconds=from_env(
+                "MEDIA_HOOKS_RUN_STOP_GRACE_SECONDS", 15.0, SECONDS_UP_TO_A_DAY
+            ),
         )
 
     @property

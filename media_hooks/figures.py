@@ -64,6 +64,20 @@ class Figures:
     def due_work(self) -> bool:
         return self.oldest_due_age_seconds is not None
 
+    def work_waiting(self, enqueue_timeout_seconds: float) -> list[str]:
+        """What a delivery run would do now, in words: sendable due deliveries, and the rows its
+        sweeps would make due again (expired leases, enqueues older than the timeout). Empty
+        when a run would find nothing to do."""
+        work = []
+        if self.due_work:
+            work.append(f"deliveries due (oldest {_age(self.oldest_due_age_seconds)})")
+        if self.expired_leases:
+            work.append(f"{self.expired_leases} expired lease(s)")
+        enqueued = self.oldest_enqueued_age_seconds
+        if enqueued is not None and enqueued >= enqueue_timeout_seconds:
+            work.append(f"stale enqueues (oldest {_age(enqueued)})")
+        return work
+
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready document; ages in seconds, times as ISO 8601."""
         document = asdict(self)

@@ -73,3 +73,9 @@ def plan_batches(conn: psycopg.Connection, run_id: str, *, batch_size: int = 100
     """The run's outbox rows per destination, in ranges of at most ``batch_size`` messages."""
     rows = conn.execute(query("plan_batches"), {"run_id": run_id, "batch_size": batch_size})
     return [Batch(run_id=run_id, **row) for row in rows.fetchall()]
+
+
+def run_dispatched(conn: psycopg.Connection, run_id: str) -> bool:
+    """Whether ``run_id`` has outbox rows in this database."""
+    row = conn.execute(query("run_dispatched"), {"run_id": run_id}).fetchone()
+    return bool(row["dispatched"])

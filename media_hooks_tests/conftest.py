@@ -138,21 +138,30 @@ def run_cli(
     )
 
 
+def start_cli(
+    *args: str,
+    env: dict[str, str],
+    own_session: bool = False,
+    stderr: int = subprocess.PIPE,
+) -> subprocess.Popen[str]:
+    """Start ``media-hooks`` as a real process without waiting for it; ``own_session``: in a
+    session (and process group) of its own, so that it can be signalled with all it starts."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "media_hooks.cli", *args],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        start_new_session=own_session,
+    )
+
+
 def run_cli_together(
     *args: str, env: dict[str, str], count: int = 2, timeout: float = 120
 ) -> list[subprocess.CompletedProcess[str]]:
     """Start ``count`` identical ``media-hooks`` processes at once and wait for them all."""
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "media_hooks.cli", *args],
-            env=env,
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(count)
-    ]
+    procs = [start_cli(*args, env=env) for _ in range(count)]
     results = []
     for proc in procs:
         out, err = proc.communicate(timeout=timeout)

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from media_hooks import figures
+from media_hooks import figures, leases, reconciler, sweeps
+from media_hooks.cohort import Cohort
 from media_hooks.sqlfiles import query
 from media_hooks_tests.factories import add_deliveries, add_destination
 
@@ -41,8 +42,20 @@ def _prepare(conn) -> None:
         "now() - interval '30 seconds')",
         (enqueued[0], enqueued[0]),
     )
+    conn.execute(
+        "UPDATE webhook_delivery SET current_message_id = delivery_id || ':1', "
+        "updated_at = now() - interval '30 seconds' WHERE delivery_id = %s",
+        (enqueued[0],),
+    )
     add_deliveries(conn, "live", 2, state="dead")
     done = add_deliveries(conn, "live", 5, state="succeeded")
+    # A dispatch of a run that died, never published: its delivery succeeded through a later one.
+    conn.execute(
+        "INSERT INTO dispatch_outbox (message_id, delivery_id, dispatch_no, destination_id, "
+        "run_id, body, created_at) VALUES (%s || ':1', %s, 1, 'live', 'run-0', 'x', "
+        "now() - interval '1 hour')",
+        (done[1], done[1]),
+    )
     for offset, outcome in [
         ("10 minutes", "success"),
         ("20 minutes", "success"),
@@ -87,6 +100,39 @@ def test_figures_match_the_prepared_rows(conn):
     json.dumps(f.as_dict())  # JSON-ready
 
 
+def test_relay_lag_counts_only_messages_still_waited_for(conn):
+    """Issue 10: a killed run's messages were never published; its deliveries went back to
+    pending and out through later dispatches. Their old messages are not lag."""
+    add_destination(conn, "live", "http://127.0.0.1:9/live")
+    ids = add_deliveries(conn, "live", 3)
+    reconciler.claim_due(conn, "killed", Cohort())
+    conn.execute(
+        "UPDATE dispatch_outbox SET created_at = now() - interval '40 minutes' "
+        "WHERE run_id = 'killed'"
+    )
+    assert figures.measure(conn).relay_lag_seconds == pytest.approx(2400, abs=5)
+    assert sweeps.release_run(conn, "killed") == 3
+    assert figures.measure(conn).relay_lag_seconds is None  # due again: the oldest due figure
+    reconciler.claim_due(conn, "next", Cohort())
+    leases.publish_page(
+        conn,
+        run_id="next",
+        destination_id="live",
+        after_message_id="",
+        last_message_id="~",
+        page_size=10,
+    )
+    conn.execute(
+        "UPDATE webhook_delivery SET state = 'succeeded' WHERE delivery_id = ANY(%s)", (ids,)
+    )
+    assert figures.measure(conn).relay_lag_seconds is None
+
+    add_deliveries(conn, "live", 1, prefix="fresh")
+    reconciler.claim_due(conn, "live-run", Cohort())
+    lag = figures.measure(conn).relay_lag_seconds
+    assert lag is not None and lag < 60
+
+
 def test_an_explicit_instant_moves_every_age(conn):
     _prepare(conn)
     now = conn.execute("SELECT now() + interval '1 hour' AS t").fetchone()["t"]
@@ -125,6 +171,12 @@ def test_each_figure_is_an_index_scan(conn, name):
         "INSERT INTO dispatch_outbox (message_id, delivery_id, dispatch_no, destination_id, "
         "run_id, body, published_at) SELECT delivery_id || ':1', delivery_id, 1, 'live', 'r', "
         "'x', now() FROM webhook_delivery WHERE state = 'succeeded'"
+    )
+    # Dispatches of killed runs, never published, whose deliveries went out later.
+    conn.execute(
+        "INSERT INTO dispatch_outbox (message_id, delivery_id, dispatch_no, destination_id, "
+        "run_id, body) SELECT delivery_id || ':0', delivery_id, 2, 'live', 'killed', 'x' "
+        "FROM webhook_delivery WHERE state = 'succeeded'"
     )
     conn.execute("VACUUM ANALYZE")
     plan = "\n".join(

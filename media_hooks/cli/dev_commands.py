@@ -9,15 +9,19 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
+import psutil
 import requests
 
 from media_hooks import db, numeric, ssrf
 from media_hooks.config import Settings
-from media_hooks.errors import RuntimeFailure, UserError
+from media_hooks.errors import RuntimeFailure, UserError, first_line
 from media_hooks.secret_store import SecretBox
 
 STARTUP_SECONDS = 180.0
+# How long runs canceled at Ctrl-C may take to hand back what they hold.
+RUN_STOP_SECONDS = 30.0
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -63,21 +67,59 @@ def start_dagster_dev(env: dict[str, str], host: str, port: int) -> subprocess.P
     )
 
 
-def stop_group(process: subprocess.Popen, timeout: float = 20.0) -> None:
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _group_pids(group: int) -> set[int]:
+    pids = set()
+    for process in psutil.process_iter():
+        try:
+            if os.getpgid(process.pid) == group:
+                pids.add(process.pid)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return pids
+
+
+def stop_group(
+    process: subprocess.Popen,
+    timeout: float = 20.0,
+    on_stopped: Callable[[set[int]], None] | None = None,
+) -> None:
     """Stop a process started by ``start_dagster_dev`` and everything it started.
 
-    SIGINT is what ``dagster dev`` shuts down cleanly on; SIGKILL is the last word.
+    ``dagster dev`` alone gets SIGINT first: it stops the UI and the daemon (which finishes a
+    launch under way, so no run is left "failed to start"), then asks its code servers to shut
+    down once their runs end. ``on_stopped`` then gets the pids still in its process group (the
+    runs' workers among them), to cancel those runs cleanly; SIGTERM and SIGKILL to the group
+    are the last word. Signalling the whole group at once interrupted every process mid-step:
+    tracebacks, and runs failed or left STARTED.
     """
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+    group = process.pid
+    try:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=3 * timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    if on_stopped is not None and _group_alive(group):
+        on_stopped(_group_pids(group))
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
-            os.killpg(process.pid, sig)
+            os.killpg(group, sig)
         except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=timeout)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+            break
+        deadline = time.monotonic() + timeout
+        while _group_alive(group) and time.monotonic() < deadline:
+            time.sleep(0.1)  # processes that are not our children: nothing to wait on
+        if not _group_alive(group):
+            break
+    if process.poll() is None:
+        process.wait()
 
 
 def wait_until_serving(url: str, process: subprocess.Popen, timeout: float) -> bool:
@@ -131,5 +173,53 @@ def run_dev(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("stopping Dagster ...", file=sys.stderr)
     finally:
-        stop_group(process)
+        # A second Ctrl-C (or SIGTERM) while stopping would interrupt the stopping itself.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        stop_group(process, on_stopped=lambda pids: cancel_runs(env, pids))
+        recover_runs(env)
     return 0
+
+
+def _instance(env: dict[str, str]):
+    from media_hooks.orchestration.instance import open_instance
+
+    os.environ.update(env)  # the Dagster home and database that dagster dev used
+    return open_instance(Settings.from_env())
+
+
+def cancel_runs(env: dict[str, str], pids: set[int]) -> None:
+    """Cancels, through their launcher, the runs these processes still execute."""
+    from media_hooks.orchestration import shutdown
+
+    try:
+        canceled = shutdown.cancel_runs_in(_instance(env), pids, timeout_seconds=RUN_STOP_SECONDS)
+    except Exception as exc:  # Dagster's storage is gone: the next start recovers the runs
+        print(f"stopping Dagster: {first_line(exc)}", file=sys.stderr)
+        return
+    for run in canceled:
+        print(f"stopping Dagster: canceled run {run.run_id}", file=sys.stderr)
+
+
+def recover_runs(env: dict[str, str]) -> None:
+    """Once every process is gone: runs that did not stop are marked failed (or canceled), and
+    the rows of every run that ended are released (orchestration.recovery)."""
+    from media_hooks.orchestration import recovery
+    from media_hooks.orchestration.jobs import deliver_webhooks
+
+    settings = Settings.from_env()
+    try:
+        with db.connect(env["MEDIA_HOOKS_DATABASE_URL"], autocommit=True) as conn:
+            recovered = recovery.recover(
+                _instance(env),
+                conn,
+                deliver_webhooks.name,
+                window_seconds=recovery.window_seconds(settings.enqueue_timeout_seconds),
+            )
+    except Exception as exc:  # the database is gone too: the next start recovers the runs
+        print(
+            f"stopping Dagster: runs left for the next start ({first_line(exc)})", file=sys.stderr
+        )
+        return
+    for done in recovered:
+        print(f"stopping Dagster: {done.describe()}", file=sys.stderr)

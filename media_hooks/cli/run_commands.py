@@ -6,10 +6,10 @@ import argparse
 import os
 import time
 
-from media_hooks import db, figures, numeric, sweeps
+from media_hooks import db, figures, numeric
 from media_hooks.cli.output import print_json, table
 from media_hooks.config import Settings
-from media_hooks.errors import RuntimeFailure
+from media_hooks.errors import RuntimeFailure, first_line
 from media_hooks.secret_store import SecretBox
 
 SUMMARY_COLUMNS = ("claimed", "succeeded", "retried", "dead", "ambiguous")
@@ -65,7 +65,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--max-seconds",
         type=numeric.argument(MAX_SECONDS),
         metavar="S",
-        help="stop repeating after S seconds (at most a year)",
+        help="bound the command's wall time: at S seconds the run in progress is stopped "
+        "(its unsent deliveries become due again) and no other starts",
     )
     run.add_argument("--json", action="store_true", help="print one JSON document")
     run.set_defaults(handler=run_deliveries)
@@ -102,41 +103,115 @@ def _idle(url: str, config: dict) -> bool:
         return not figures.cohort_due(conn, cohort)
 
 
-def _release(url: str, run_id: str) -> int:
-    """What the run-failure sensor does under the daemon, done at once for a CLI run."""
-    with db.connect(url, autocommit=True) as conn:
-        return sweeps.release_run(conn, run_id)
+def _released(done, error: BaseException | None) -> str:
+    if done is not None:
+        return f"{done.released} delivery(ies) due again"
+    return (
+        f"the database is unreachable ({first_line(error)}), so its deliveries wait: the next "
+        "`media-hooks run` (or the lag sensor) releases them"
+    )
+
+
+class _Report:
+    """What the command prints: a line per event for people, one document for programs."""
+
+    def __init__(self, as_json: bool, log_path) -> None:
+        self.as_json = as_json
+        self.log_path = log_path
+        self.document: dict = {"recovered": [], "runs": [], "stopped": None, "failed": None}
+
+    def recovered(self, done: list) -> None:
+        for run in done:
+            self.document["recovered"].append(
+                {"run_id": run.run_id, "reason": run.marked_failed, "released": run.released}
+            )
+            if not self.as_json:
+                print(f"recovered {run.describe()}")
+
+    def run(self, summary: dict) -> None:
+        self.document["runs"].append(summary)
+        if not self.as_json:
+            _print_run(summary)
+
+    def stopped(self, run_id: str | None, reason: str, settled, error) -> None:
+        released = settled.released if settled is not None else None
+        self.document["stopped"] = {"run_id": run_id, "reason": reason, "released": released}
+        if not self.as_json:
+            print(f"run {run_id or '?'} stopped: {reason}; {_released(settled, error)}")
+
+    def failed(self, run_id: str | None, reason: str, settled, error) -> RuntimeFailure:
+        released = settled.released if settled is not None else None
+        self.document["failed"] = {"run_id": run_id, "reason": reason, "released": released}
+        self.finish()
+        what = f"delivery run {run_id}" if run_id else "a delivery run"
+        return RuntimeFailure(
+            f"{what} failed: {reason}; {_released(settled, error)} (details: the Dagster UI, "
+            f"`media-hooks dev`, and {self.log_path})"
+        )
+
+    def finish(self) -> None:
+        if self.as_json:
+            print_json(self.document)
+
+
+def _mine(supervisor, reason: str):
+    """Settles the runs this process was executing; the first one's id and what it released."""
+    settled, error = supervisor.settle_mine(reason)
+    first = settled[0] if settled else None
+    return (first.run_id if first else None), first, error
 
 
 def run_deliveries(args: argparse.Namespace) -> int:
+    started = time.monotonic()  # --max-seconds counts from here
     settings = Settings.from_env()
     SecretBox.from_env()  # a malformed key is refused here, not by every delivery step
     url = db.ready_url(settings)
     # Dagster loads only when there is work to run: usage errors stay fast.
-    from media_hooks.orchestration.instance import open_instance
-    from media_hooks.orchestration.running import execute_delivery
+    from media_hooks.cli.supervision import DagsterConsole, RunSupervisor
 
     # Step processes then reuse this ready database instead of resolving the default again.
     os.environ["MEDIA_HOOKS_DATABASE_URL"] = url
-    instance = open_instance(settings)
+    console = DagsterConsole(settings.home / "logs" / "run.log")
+    report = _Report(args.json, console.path)
+    supervisor = RunSupervisor(
+        url, settings, console, max_seconds=args.max_seconds, started=started
+    )
     config = _claim_config(args)
-    deadline = time.monotonic() + args.max_seconds if args.max_seconds else None
-    runs: list[dict] = []
-    while True:
-        run = execute_delivery(instance, config, tags={"media_hooks/trigger": "cli"})
-        if not run.success:
-            released = _release(url, run.run_id)
+    with supervisor.watchdog as watchdog:
+        try:
+            supervisor.open()
+            report.recovered(supervisor.recover())
+        except RuntimeFailure:
+            raise
+        except Exception as exc:  # Dagster's storage unreachable, most likely
+            console.log_error()
             raise RuntimeFailure(
-                f"delivery run {run.run_id} failed ({released} delivery(ies) made due again); "
-                "its steps' errors are in the Dagster UI (`media-hooks dev`)"
-            )
-        runs.append(run.summary.as_dict())
-        if not args.json:
-            _print_run(runs[-1])
-        if not args.until_idle or _idle(url, config):
-            break
-        if deadline is not None and time.monotonic() >= deadline:
-            break
-    if args.json:
-        print_json({"runs": runs})
+                f"cannot reach Dagster's storage: {first_line(exc)} (details in {console.path})"
+            ) from None
+        while True:
+            try:
+                run = supervisor.execute(config)
+            except KeyboardInterrupt:
+                if not watchdog.expired:
+                    _mine(supervisor, "interrupted (Ctrl-C)")
+                    raise
+                run_id, settled, error = _mine(supervisor, supervisor.stop_reason)
+                report.stopped(run_id, supervisor.stop_reason, settled, error)
+                break
+            except Exception as exc:
+                # Dagster itself failed (its storage unreachable...): the run is on record as
+                # this process's, once the storage answers again.
+                reason = first_line(exc)
+                run_id, settled, error = _mine(supervisor, reason)
+                raise report.failed(run_id, reason, settled, error) from None
+            if not run.success:
+                settled, error = supervisor.settle(run.run_id, run.failure or "failed")
+                if watchdog.expired:
+                    report.stopped(run.run_id, supervisor.stop_reason, settled, error)
+                    break
+                raise report.failed(run.run_id, run.failure, settled, error)
+            report.run(run.summary.as_dict())
+            if not args.until_idle or _idle(url, config) or watchdog.expired:
+                break
+    report.finish()
     return 0

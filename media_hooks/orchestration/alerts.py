@@ -63,8 +63,14 @@ class AlertState:
     in_incident: bool = False
     newest_dead_at: str | None = None
 
-    def dumps(self) -> str:
-        return json.dumps({"in_incident": self.in_incident, "newest_dead_at": self.newest_dead_at})
+    def dumps(self, health: str | None = None) -> str:
+        """The cursor, led by ``health``: the one line a reader of the sensor's page should see.
+
+        The cursor is the only part of a tick that the sensor page shows in every row of its tick
+        history and in its header (a skip reason is a tooltip), so the tick's health line rides
+        in it; ``loads`` ignores it."""
+        state = {"in_incident": self.in_incident, "newest_dead_at": self.newest_dead_at}
+        return json.dumps({"health": health, **state} if health else state)
 
     @classmethod
     def loads(cls, cursor: str | None) -> AlertState:

@@ -56,6 +56,25 @@ def _tag_value(value: str) -> str:
     return value[: _TAG_VALUE_MAX - 12] + "…+" + hashlib.sha1(value.encode()).hexdigest()[:8]
 
 
+def run_outcome(claimed: int, delivered: int) -> str:
+    """A delivery run's result in one word for the run list. Only an infrastructure fault fails a
+    run; what receivers answered is this."""
+    if claimed == 0:
+        return "nothing-due"
+    if delivered == 0:
+        return "nothing-delivered"
+    return "all-delivered" if delivered >= claimed else "partly-delivered"
+
+
+def outcome_tags(claimed: int, totals: Mapping[str, int]) -> dict[str, str]:
+    delivered = totals.get("succeeded", 0)
+    return {
+        f"{TAG_PREFIX}outcome": run_outcome(claimed, delivered),
+        f"{TAG_PREFIX}claimed": str(claimed),
+        f"{TAG_PREFIX}delivered": str(delivered),
+    }
+
+
 def rows_of_run(run_id: str) -> str:
     """Markdown telling an operator how to get from this run to its rows."""
     return "\n".join(

@@ -10,7 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dagster import DagsterInstance, execute_job, reconstructable
+from dagster import (
+    DagsterEventType,
+    DagsterInstance,
+    JobExecutionResult,
+    execute_job,
+    reconstructable,
+)
 
 from media_hooks.orchestration.definitions import deliver_webhooks_job
 from media_hooks.orchestration.ops.delivery import RunSummary
@@ -21,6 +27,51 @@ class DeliveryRun:
     run_id: str
     success: bool
     summary: RunSummary | None
+    # Why the run did not succeed, in one line (None when it did).
+    failure: str | None = None
+    canceled: bool = False
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def _error_line(error) -> str:
+    """The one line of a Dagster error that says what went wrong."""
+    # The innermost cause is the exception the op's code raised, not Dagster's wrapper.
+    while error.cause is not None:
+        error = error.cause
+    lines = [line.strip() for line in error.message.splitlines() if line.strip()]
+    # The multiprocess executor lists what killed its step processes under a header.
+    child = next((line for line in lines if line.startswith("In process ")), None)
+    if child is not None:
+        return child.split(": ", 1)[-1]
+    return lines[0] if lines else error.cls_name
+
+
+def failure_of(result: JobExecutionResult) -> str | None:
+    """Why a run did not succeed: its first step failure, else the error that ended the run,
+    else the run's own end message."""
+    if result.success:
+        return None
+    events = result.all_events
+    for event in events:
+        if event.is_step_failure and event.step_failure_data.error is not None:
+            return f"step {event.step_key} failed: {_error_line(event.step_failure_data.error)}"
+    ends = (DagsterEventType.RUN_FAILURE, DagsterEventType.RUN_CANCELED)
+    for event in reversed(events):
+        if event.event_type not in ends:
+            continue
+        data = event.job_failure_data if event.event_type == ends[0] else None
+        if data is not None and data.error is not None:
+            return _error_line(data.error)
+        if event.message:
+            return _first_line(event.message)
+    return "the run ended without success"
+
+
+def was_canceled(result: JobExecutionResult) -> bool:
+    return any(e.event_type == DagsterEventType.RUN_CANCELED for e in result.all_events)
 
 
 def delivery_run_config(
@@ -64,4 +115,10 @@ def execute_delivery(
         raise_on_error=False,
     ) as result:
         summary = result.output_for_node("summarize_run") if result.success else None
-        return DeliveryRun(run_id=result.run_id, success=result.success, summary=summary)
+        return DeliveryRun(
+            run_id=result.run_id,
+            success=result.success,
+            summary=summary,
+            failure=failure_of(result),
+            canceled=was_canceled(result),
+        )

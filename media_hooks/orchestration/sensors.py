@@ -1,10 +1,16 @@
 """Sensors, each built by a small factory: the lag sensor and the run-failure release."""
 
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
 from dagster import (
+    DagsterInstance,
     DagsterRunStatus,
     DefaultSensorStatus,
     JobDefinition,
     RunFailureSensorContext,
+    RunRecord,
     RunRequest,
     RunsFilter,
     SensorDefinition,
@@ -15,16 +21,24 @@ from dagster import (
     sensor,
 )
 
-from media_hooks import figures, sweeps
-from media_hooks.orchestration import alerts
-from media_hooks.orchestration.resources import PostgresResource
+from media_hooks import figures
+from media_hooks.orchestration import alerts, recovery
+from media_hooks.orchestration.resources import DeliverySettingsResource, PostgresResource
 
 IN_FLIGHT = [
     DagsterRunStatus.QUEUED,
     DagsterRunStatus.NOT_STARTED,
     DagsterRunStatus.STARTING,
     DagsterRunStatus.STARTED,
+    DagsterRunStatus.CANCELING,
 ]
+# After a catch-up run of this sensor failed, the next waits this long, doubled for each further
+# failed catch-up in a row, up to the cap: a fault that fails every run is not retried every
+# tick. (A run that died with its worker, or failed otherwise, is caught up at once.)
+FAILURE_BACKOFF_SECONDS = 30.0
+FAILURE_BACKOFF_CAP_SECONDS = 600.0
+TRIGGER_TAG = "media_hooks/trigger"
+_RECENT_RUNS = 8
 
 
 def delivery_in_flight(context: SensorEvaluationContext, job_name: str) -> bool:
@@ -34,12 +48,34 @@ def delivery_in_flight(context: SensorEvaluationContext, job_name: str) -> bool:
     return bool(records)
 
 
-def catch_up_request(f: figures.Figures) -> RunRequest:
-    # Keyed by the oldest due row: a second tick on the same backlog never starts a second run,
-    # and a run that took that row lets the next backlog get its own key.
+def recent_runs_of(instance: DagsterInstance, job_name: str) -> list[RunRecord]:
+    """The newest delivery runs, newest first."""
+    return list(instance.get_run_records(filters=RunsFilter(job_name=job_name), limit=_RECENT_RUNS))
+
+
+def failure_backoff_until(recent: list[RunRecord], trigger: str) -> datetime | None:
+    """When the next catch-up may start, after the newest runs were catch-ups of ``trigger``
+    that failed in a row; None if the newest run is not one."""
+    failed = 0
+    for record in recent:
+        run = record.dagster_run
+        if run.status != DagsterRunStatus.FAILURE or run.tags.get(TRIGGER_TAG) != trigger:
+            break
+        failed += 1
+    if not failed or recent[0].end_time is None:
+        return None
+    delay = min(FAILURE_BACKOFF_SECONDS * 2 ** (failed - 1), FAILURE_BACKOFF_CAP_SECONDS)
+    return datetime.fromtimestamp(recent[0].end_time + delay, UTC)
+
+
+def catch_up_request(recent: list[RunRecord], work: list[str], trigger: str) -> RunRequest:
+    # Keyed by the newest delivery run, whatever became of it: a tick that asks again before
+    # Dagster created the requested run asks with the same key (Dagster starts it once), and a
+    # run that failed or was canceled never blocks the next catch-up.
+    after = recent[0].dagster_run.run_id if recent else "none"
     return RunRequest(
-        run_key=f"catch-up:{f.oldest_due_at.isoformat()}",
-        tags={"media_hooks/trigger": "delivery_lag_sensor"},
+        run_key=f"catch-up:after:{after}",
+        tags={TRIGGER_TAG: trigger, "media_hooks/work": "; ".join(work)},
     )
 
 
@@ -53,6 +89,41 @@ def _send_alerts(context: SensorEvaluationContext, messages: list[str]) -> bool:
     return delivered
 
 
+def _recover(context: SensorEvaluationContext, conn, job_name: str, settings) -> str:
+    recovered = recovery.recover(
+        context.instance,
+        conn,
+        job_name,
+        window_seconds=recovery.window_seconds(settings.enqueue_timeout_seconds),
+    )
+    for done in recovered:
+        context.log.warning(f"recovered {done.describe()}")
+    if not recovered:
+        return ""
+    released = sum(done.released for done in recovered)
+    return f"recovered {len(recovered)} dead run(s), {released} delivery(ies) due again; "
+
+
+def _decide(
+    context: SensorEvaluationContext, job_name: str, f: figures.Figures, settings, trigger: str
+) -> tuple[RunRequest | None, str]:
+    """A catch-up run request, or why not, in words."""
+    work = f.work_waiting(settings.enqueue_timeout_seconds)
+    if not work:
+        return None, "healthy"
+    if delivery_in_flight(context, job_name):
+        return None, "waiting: a delivery run is queued or in progress"
+    recent = recent_runs_of(context.instance, job_name)
+    resume_at = failure_backoff_until(recent, trigger)
+    if resume_at is not None and resume_at > datetime.now(UTC):
+        return None, (
+            f"backing off: the last catch-up run failed; next catch-up after "
+            f"{resume_at:%H:%M:%S} UTC"
+        )
+    request = catch_up_request(recent, work, trigger)
+    return request, "catch-up run requested (" + "; ".join(work) + ")"
+
+
 def build_delivery_lag_sensor(
     job: JobDefinition, *, interval_seconds: int = 30, name: str = "delivery_lag_sensor"
 ) -> SensorDefinition:
@@ -61,22 +132,32 @@ def build_delivery_lag_sensor(
         job=job,
         minimum_interval_seconds=interval_seconds,
         default_status=DefaultSensorStatus.RUNNING,
-        description="Measures oldest due age, relay lag, expired leases and dead letters; "
-        "starts a catch-up run when due work waits and no delivery run is queued or running; "
-        "alerts once per incident (MEDIA_HOOKS_ALERT_URL) and once when it clears.",
+        description="Recovers dead delivery runs; measures oldest due age, relay lag, expired "
+        "leases and dead letters; starts a catch-up run whenever there is work (due "
+        "deliveries, expired leases, stale enqueues) and no delivery run is queued or in "
+        "progress; alerts once per incident (MEDIA_HOOKS_ALERT_URL) and once when it clears. "
+        "Each tick's health line is in its cursor.",
     )
-    def _lag_sensor(context: SensorEvaluationContext, postgres: PostgresResource):
+    def _lag_sensor(
+        context: SensorEvaluationContext,
+        postgres: PostgresResource,
+        delivery_settings: DeliverySettingsResource,
+    ):
+        settings = delivery_settings.settings()
         with postgres.connection() as conn:
+            recovered = _recover(context, conn, job.name, settings)
             f = figures.measure(conn)
         previous = alerts.AlertState.loads(context.cursor)
         decision = alerts.decide(f, previous, alerts.Thresholds.from_env())
         delivered = _send_alerts(context, decision.messages)
+        request, why = _decide(context, job.name, f, settings, trigger=name)
+        health = f"{recovered}{why}; {f.headline()}"
+        context.log.info(health)
         # An alert that did not get through is tried again on the next tick.
-        cursor = (decision.state if delivered else previous).dumps()
-        if f.due_work and not delivery_in_flight(context, job.name):
-            return SensorResult(run_requests=[catch_up_request(f)], cursor=cursor)
-        waiting = "a delivery run is in flight; " if f.due_work else "healthy; "
-        return SensorResult(skip_reason=SkipReason(waiting + f.headline()), cursor=cursor)
+        cursor = (decision.state if delivered else previous).dumps(health)
+        if request is not None:
+            return SensorResult(run_requests=[request], cursor=cursor)
+        return SensorResult(skip_reason=SkipReason(health), cursor=cursor)
 
     return _lag_sensor
 
@@ -89,14 +170,13 @@ def build_run_failure_release(
         monitored_jobs=[job],
         default_status=DefaultSensorStatus.RUNNING,
         description="When a delivery run fails, its enqueued and leased rows go back to "
-        "pending at once (found through the outbox's run_id), instead of waiting for the "
-        "lease or enqueue timeout.",
+        "pending at once (found through the outbox's run_id) and its delivery pool slots are "
+        "freed, instead of waiting for the lease or enqueue timeout.",
     )
     def _release(context: RunFailureSensorContext, postgres: PostgresResource):
-        run_id = context.dagster_run.run_id
         with postgres.connection() as conn:
-            released = sweeps.release_run(conn, run_id)
-        context.log.info(f"released {released} delivery(ies) of failed run {run_id}")
-        return SkipReason(f"released {released} delivery(ies) of failed run {run_id}")
+            done = recovery.release(context.instance, conn, context.dagster_run, reason=None)
+        context.log.info(f"released {done.describe()}")
+        return SkipReason(f"released {done.describe()}")
 
     return _release

@@ -3,6 +3,9 @@
 One instance (its own database on the test server) serves the whole session; each test's
 deliveries live in the test's own database, handed to the job as resource config, because
 the multiprocess executor's forkserver keeps the environment it started with.
+
+Tests whose subject is the instance's run history (which runs are in flight, failed, dead)
+take ``own_instance``: a Dagster instance of their module's own, wiped before each test.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import pytest
 from dagster import DagsterInstance
 
 from media_hooks.orchestration import instance as instance_module
+from media_hooks.orchestration.instance import STORAGE_VARIABLE
+from media_hooks.orchestration.ops.delivery import DELIVERY_POOL
 from media_hooks.orchestration.running import DeliveryRun, execute_delivery
 from media_hooks.receiver import Receiver
 from media_hooks_tests.conftest import create_database, drop_database, with_database
@@ -23,11 +28,16 @@ from media_hooks_tests.conftest import create_database, drop_database, with_data
 SPAWN = {"config": {"max_concurrent": 8, "start_method": {"spawn": {}}}}
 
 
-@pytest.fixture(scope="session")
-def dagster_storage_url(server_url: str) -> Iterator[str]:
+def _storage_database(server_url: str) -> Iterator[str]:
+    """A new database for Dagster's storage, as the URL Dagster takes; dropped afterwards."""
     name = create_database(server_url)
     yield instance_module.as_url(with_database(server_url, name))
     drop_database(server_url, name)
+
+
+@pytest.fixture(scope="session")
+def dagster_storage_url(server_url: str) -> Iterator[str]:
+    yield from _storage_database(server_url)
 
 
 @pytest.fixture(scope="session")
@@ -55,6 +65,34 @@ def instance(dagster_home: Path) -> Iterator[DagsterInstance]:
         yield real
 
 
+@pytest.fixture(scope="module")
+def own_storage_url(server_url: str) -> Iterator[str]:
+    """Dagster's storage in a database of this module's own."""
+    yield from _storage_database(server_url)
+
+
+@pytest.fixture(scope="module")
+def own_instance_module(tmp_path_factory, dagster_home: Path, own_storage_url: str):
+    home = tmp_path_factory.mktemp("own_dagster_home")
+    shutil.copyfile(instance_module.INSTANCE_TEMPLATE, home / "dagster.yaml")
+    session_storage = os.environ[STORAGE_VARIABLE]
+    os.environ[STORAGE_VARIABLE] = own_storage_url  # read once, as the instance loads
+    try:
+        own = DagsterInstance.from_config(str(home))
+    finally:
+        os.environ[STORAGE_VARIABLE] = session_storage
+    with own:
+        yield own
+
+
+@pytest.fixture
+def own_instance(own_instance_module: DagsterInstance) -> DagsterInstance:
+    """A Dagster instance with no run history (its module's own, wiped for this test)."""
+    own_instance_module.wipe()
+    own_instance_module.event_log_storage.delete_concurrency_limit(DELIVERY_POOL)
+    return own_instance_module
+
+
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
     with Receiver() as running:
@@ -68,3 +106,16 @@ def deliver(
     return execute_delivery(
         instance, config, resources={"postgres": {"database_url": database_url}}, **options
     )
+
+
+def hold_pool_slot(storage, run_id: str, step_key: str = "deliver_destination_batch[x__1]") -> None:
+    """A slot of the delivery pool held by ``run_id``, as a running delivery step holds one."""
+    if DELIVERY_POOL not in storage.get_concurrency_keys():
+        storage.initialize_concurrency_limit_to_default(DELIVERY_POOL)
+    claim = storage.claim_concurrency_slot(DELIVERY_POOL, run_id, step_key)
+    assert claim.is_claimed, claim
+
+
+def slot_holders(storage) -> list[str]:
+    """The runs holding slots of the delivery pool, one entry per slot."""
+    return sorted(s.run_id for s in storage.get_concurrency_info(DELIVERY_POOL).claimed_slots)

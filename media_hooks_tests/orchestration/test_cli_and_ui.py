@@ -1,5 +1,6 @@
 """`media-hooks run` as a user runs it, and the real UI path: `media-hooks dev`, GraphQL,
-a launched run, deliveries arriving."""
+a run launched from the Launchpad's default config, deliveries arriving, the lag sensor's page,
+and Ctrl-C while runs are in progress."""
 
 from __future__ import annotations
 
@@ -8,14 +9,15 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import pytest
 import requests
+import yaml
 
-from media_hooks_tests.conftest import REPO, run_cli
-from media_hooks_tests.factories import add_deliveries, add_destination
+from media_hooks.receiver import Receiver, Reply
+from media_hooks_tests.conftest import run_cli, start_cli
+from media_hooks_tests.factories import add_deliveries, add_destination, states
 
 LOCATION = {"repositoryLocationName": "media_hooks", "repositoryName": "__repository__"}
 
@@ -114,22 +116,48 @@ mutation ($params: ExecutionParams!) { launchRun(executionParams: $params) { __t
   ... on RunConfigValidationInvalid { errors { message } } } }
 """
 RUN_STATUS = "query ($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }"
+RUN_TAGS = "query ($id: ID!) { runOrError(runId: $id) { ... on Run { tags { key value } } } }"
+PRESETS = """
+query ($selector: PipelineSelector!) { pipelineOrError(params: $selector) {
+  __typename ... on Pipeline { presets { name runConfigYaml } } } }
+"""
+SENSOR_TICKS = """
+query ($selector: SensorSelector!) { sensorOrError(sensorSelector: $selector) {
+  __typename ... on Sensor { sensorState { ticks(limit: 5) { status skipReason cursor } } } } }
+"""
+RUNS = """
+query ($filter: RunsFilter) { runsOrError(filter: $filter) {
+  ... on Runs { results { runId status } } } }
+"""
+FINISHED = ("SUCCESS", "FAILURE", "CANCELED")
 
 
-def test_dagster_ui_loads_everything_and_launches_a_delivery_run(env, conn, receiver):
+def _status(url: str, run_id: str) -> str:
+    return _graphql(url, RUN_STATUS, {"id": run_id})["runOrError"]["status"]
+
+
+def _launch(url: str, run_config: dict) -> str:
+    params = {"selector": {**LOCATION, "jobName": "deliver_webhooks"}, "runConfigData": run_config}
+    launched = _graphql(url, LAUNCH, {"params": params})["launchRun"]
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    return launched["run"]["runId"]
+
+
+def _launchpad_config(url: str) -> dict:
+    """What the Launchpad opens on for deliver_webhooks: the job's default preset."""
+    selector = {**LOCATION, "pipelineName": "deliver_webhooks"}
+    job = _graphql(url, PRESETS, {"selector": selector})["pipelineOrError"]
+    (preset,) = job["presets"]
+    return yaml.safe_load(preset["runConfigYaml"])
+
+
+def test_dagster_ui_loads_everything_and_launches_a_delivery_run(env, conn, receiver, instance):
     add_destination(conn, "alpha", receiver.url + "alpha")
     add_destination(conn, "beta:2", receiver.url + "beta")
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    dev = subprocess.Popen(
-        [sys.executable, "-m", "media_hooks.cli", "dev", "--port", str(port)],
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    dev = start_cli("dev", "--port", str(port), env=env, own_session=True, stderr=subprocess.STDOUT)
+    held = Receiver(script=lambda info: Reply(delay_seconds=120)).start()
     try:
         _wait_for(lambda: _serving(url), 120, "the Dagster UI")
         entries = _graphql(url, WORKSPACE_QUERY)["workspaceOrError"]["locationEntries"]
@@ -149,39 +177,85 @@ def test_dagster_ui_loads_everything_and_launches_a_delivery_run(env, conn, rece
             "delivery_run_failure_sensor",
         }
 
-        params = {
-            "selector": {**LOCATION, "jobName": "deliver_webhooks"},
-            "runConfigData": {"ops": {"claim_due_pages": {"config": {"page_size": 5}}}},
+        # The Launchpad opens on every cohort field; a user edits it and launches.
+        config = _launchpad_config(url)
+        cohort = config["ops"]["claim_due_pages"]["config"]
+        assert cohort == {
+            "destination_ids": [],
+            "event_types": [],
+            "asset_ids": [],
+            "created_after": None,
+            "created_before": None,
+            "include_dead": False,
+            "requeue_reason": "",
+            "page_size": None,
+            "max_rows": None,
+            "batch_size": None,
         }
-        launched = _graphql(url, LAUNCH, {"params": params})["launchRun"]
-        assert launched["__typename"] == "LaunchRunSuccess", launched
-        run_id = launched["run"]["runId"]
+        cohort.update(destination_ids=["alpha"], page_size=2)
+        run_id = _launch(url, config)
         # Recorded once our run is queued: the lag sensor sees it in flight and starts no other.
         add_deliveries(conn, "alpha", 5)
         add_deliveries(conn, "beta:2", 5)
-        status = _wait_for(
-            lambda: (
-                _graphql(url, RUN_STATUS, {"id": run_id})["runOrError"]["status"]
-                in ("SUCCESS", "FAILURE", "CANCELED")
-                and _graphql(url, RUN_STATUS, {"id": run_id})["runOrError"]["status"]
-            ),
-            150,
-            "the launched run to finish",
-        )
-        assert status == "SUCCESS"
-        assert receiver.wait_for(lambda r: r.effects == 10, timeout=10)
+        _wait_for(lambda: _status(url, run_id) in FINISHED, 150, "the launched run to finish")
+        assert _status(url, run_id) == "SUCCESS"
+        assert receiver.wait_for(lambda r: r.effects >= 5, timeout=10)
         sent = conn.execute(
-            "SELECT count(*) AS n FROM dispatch_outbox WHERE run_id = %s", (run_id,)
-        ).fetchone()["n"]
-        assert sent == 10
+            "SELECT destination_id, count(*) AS n FROM dispatch_outbox WHERE run_id = %s "
+            "GROUP BY 1",
+            (run_id,),
+        ).fetchall()
+        assert [(r["destination_id"], r["n"]) for r in sent] == [("alpha", 5)]
+        tags = {
+            t["key"]: t["value"]
+            for t in _graphql(url, RUN_TAGS, {"id": run_id})["runOrError"]["tags"]
+        }
+        assert tags["media_hooks/outcome"] == "all-delivered"
+        assert tags["media_hooks/delivered"] == "5"
+        assert tags["media_hooks/cohort.destination_ids"] == "alpha"
+        # Its worker was a run process of the code server, recorded for the recovery passes.
+        worker = json.loads(tags["media_hooks/worker"])
+        assert (worker["run_id"], worker["host"]) == (run_id, socket.gethostname())
+        assert worker["pid"] not in (os.getpid(), dev.pid)
+
+        # The lag sensor's page: each tick's cursor leads with its health line.
+        selector = {**LOCATION, "sensorName": "delivery_lag_sensor"}
+
+        def health_lines():
+            sensor = _graphql(url, SENSOR_TICKS, {"selector": selector})["sensorOrError"]
+            ticks = sensor["sensorState"]["ticks"]
+            return [json.loads(t["cursor"])["health"] for t in ticks if t["cursor"]]
+
+        lines = _wait_for(health_lines, 90, "a lag sensor tick")
+        assert any("pending" in line and "relay lag" in line for line in lines), lines
+
+        # Ctrl-C while a delivery run is sending (the receiver holds every request until the
+        # sender's timeout).
+        add_destination(conn, "held", held.url, timeout_seconds=15)
+        add_deliveries(conn, "held", 2)
+        _launch(url, {"ops": {"claim_due_pages": {"config": {"destination_ids": ["held"]}}}})
+        assert held.wait_for(lambda r: r.max_in_flight >= 1, timeout=120)
+        last = _launch(url, {"ops": {"claim_due_pages": {"config": {"destination_ids": ["held"]}}}})
+        runs = _graphql(url, RUNS, {"filter": {"pipelineName": "deliver_webhooks"}})
+        ours = [r["runId"] for r in runs["runsOrError"]["results"]]
+        assert last in ours
     finally:
         os.killpg(dev.pid, signal.SIGINT)
         try:
-            output, _ = dev.communicate(timeout=60)
+            output, _ = dev.communicate(timeout=120)
         except subprocess.TimeoutExpired:
             os.killpg(dev.pid, signal.SIGKILL)
             output, _ = dev.communicate()
+        held.stop()
+    assert dev.returncode == 0, output[-3000:]
     assert f"Dagster UI: {url}" in output
+    assert "Traceback" not in output, output[-5000:]
+    assert "stopping Dagster: canceled run" in output
+    # No run was left failed (to start, or mid-step), and no row is left claimed by one.
+    assert states(conn).keys() <= {"succeeded", "pending"}, states(conn)
+    statuses = {run_id: instance.get_run_by_id(run_id).status.value for run_id in ours}
+    assert "FAILURE" not in statuses.values(), statuses
+    assert "CANCELED" in statuses.values(), statuses
     # Dagster's own advice to use another command is not ours to pass on (dev_commands.py).
     assert "SupersessionWarning" not in output
     # The effective SSRF setting, so whoever starts it sees what every send is held to.

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 from dagster import DagsterEventType, ReexecutionOptions, execute_job, reconstructable
 
 from media_hooks import crashpoints, sweeps
 from media_hooks.orchestration.definitions import deliver_webhooks_job
 from media_hooks.orchestration.running import delivery_run_config
+from media_hooks.receiver import Receiver, Reply
 from media_hooks_tests.factories import add_deliveries, add_destination
 from media_hooks_tests.orchestration.conftest import SPAWN, deliver
 
@@ -57,6 +61,10 @@ def test_three_destinations_three_mapped_steps_rows_carry_the_run_id(
     tags = instance.get_run_by_id(run.run_id).tags
     assert tags["media_hooks/kind"] == "delivery"
     assert tags["media_hooks/cohort.filter"] == "all"
+    assert tags["media_hooks/outcome"] == "all-delivered"
+    assert (tags["media_hooks/claimed"], tags["media_hooks/delivered"]) == ("12", "12")
+    worker = json.loads(tags["media_hooks/worker"])
+    assert (worker["run_id"], worker["pid"]) == (run.run_id, os.getpid())
 
 
 def test_a_cohort_run_takes_only_its_cohort_and_tags_the_run(
@@ -76,6 +84,28 @@ def test_a_cohort_run_takes_only_its_cohort_and_tags_the_run(
         "GROUP BY 1 ORDER BY 1"
     ).fetchall()
     assert [(r["destination_id"], r["n"]) for r in pending] == [("alpha", 3), ("beta", 1)]
+
+
+def test_a_run_whose_receivers_refuse_everything_succeeds_and_says_so(instance, database_url, conn):
+    """Receivers' answers never fail a run (only infrastructure faults do); the run list shows
+    what became of it."""
+    with (
+        Receiver(reply=Reply(status=400)) as refusing,
+        Receiver(reply=Reply(status=503)) as failing,
+    ):
+        add_destination(conn, "refusing", refusing.url)
+        add_destination(conn, "failing", failing.url)
+        add_deliveries(conn, "refusing", 3)
+        add_deliveries(conn, "failing", 2)
+        run = deliver(instance, database_url)
+    nothing_due = deliver(instance, database_url)
+
+    assert run.success and nothing_due.success
+    tags = instance.get_run_by_id(run.run_id).tags
+    assert tags["media_hooks/outcome"] == "nothing-delivered"
+    assert (tags["media_hooks/claimed"], tags["media_hooks/delivered"]) == ("5", "0")
+    assert _step_outputs(instance, run.run_id)["summarize_run"]["outcome"] == "nothing-delivered"
+    assert instance.get_run_by_id(nothing_due.run_id).tags["media_hooks/outcome"] == "nothing-due"
 
 
 def test_a_rate_limited_destination_does_not_delay_another(instance, database_url, conn, receiver):

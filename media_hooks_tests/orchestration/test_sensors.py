@@ -1,14 +1,23 @@
-"""The sensors through build_sensor_context with a real instance, and the schedules."""
+"""The sensors through build_sensor_context with a real instance, and the schedules.
+
+The sensors read the instance's run history (runs in flight, failed, dead), so each test has
+an instance of its own (``own_instance``)."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import psutil
 import pytest
 from dagster import (
     DagsterEvent,
@@ -24,12 +33,14 @@ from dagster import (
 from media_hooks import reconciler
 from media_hooks.cohort import Cohort
 from media_hooks.errors import UserError
-from media_hooks.orchestration import definitions, schedules
+from media_hooks.orchestration import definitions, run_workers, schedules, sensors
 from media_hooks.orchestration.definitions import deliver_webhooks_job
 from media_hooks.orchestration.jobs import deliver_webhooks
-from media_hooks.orchestration.resources import PostgresResource
+from media_hooks.orchestration.recovery import RELEASED_TAG
+from media_hooks.orchestration.resources import DeliverySettingsResource, PostgresResource
 from media_hooks.orchestration.sensors import build_delivery_lag_sensor
-from media_hooks_tests.factories import add_deliveries, add_destination
+from media_hooks_tests.factories import add_deliveries, add_destination, states
+from media_hooks_tests.orchestration.conftest import hold_pool_slot, slot_holders
 
 lag_sensor = definitions.delivery_lag_sensor
 failure_sensor = definitions.delivery_run_failure_sensor
@@ -65,69 +76,210 @@ def inbox() -> Iterator[AlertInbox]:
     box.server.server_close()
 
 
-def _tick(instance, database_url: str, cursor: str | None = None, sensor=lag_sensor):
+def _tick(
+    instance,
+    database_url: str,
+    cursor: str | None = None,
+    sensor=lag_sensor,
+    settings: DeliverySettingsResource | None = None,
+):
     with build_sensor_context(
         instance=instance,
         cursor=cursor,
-        resources={"postgres": PostgresResource(database_url=database_url)},
+        resources={
+            "postgres": PostgresResource(database_url=database_url),
+            "delivery_settings": settings or DeliverySettingsResource(),
+        },
     ) as context:
         result = sensor(context)
     return result
 
 
+def _health(result) -> str:
+    return json.loads(result.cursor)["health"]
+
+
 @pytest.fixture
-def in_flight_run(instance):
-    """A deliver_webhooks run the instance believes is running."""
-    created = []
+def in_flight_run(own_instance):
+    """A deliver_webhooks run the instance believes is running (its worker unknown)."""
 
     def make() -> str:
-        run = instance.create_run_for_job(
+        run = own_instance.create_run_for_job(
             deliver_webhooks_job(), run_id=str(uuid.uuid4()), status=DagsterRunStatus.STARTED
         )
-        created.append(run.run_id)
         return run.run_id
 
-    yield make
-    for run_id in created:
-        instance.delete_run(run_id)
+    return make
 
 
 def test_backlog_requests_one_run_and_none_while_one_is_in_flight(
-    instance, database_url, conn, in_flight_run
+    own_instance, database_url, conn, in_flight_run
 ):
     add_destination(conn, "live", "http://127.0.0.1:9/live")
     add_deliveries(conn, "live", 5, due_seconds_ago=30)
 
-    first = _tick(instance, database_url)
+    first = _tick(own_instance, database_url)
     assert len(first.run_requests) == 1
     request = first.run_requests[0]
     assert isinstance(request, RunRequest)
-    assert request.run_key.startswith("catch-up:")
+    assert request.run_key == "catch-up:after:none"
+    assert request.tags["media_hooks/work"].startswith("deliveries due (oldest 3")
+    assert _health(first).startswith("catch-up run requested (deliveries due")
     # Another tick on the same backlog asks with the same key: Dagster starts it once.
-    again = _tick(instance, database_url, first.cursor)
+    again = _tick(own_instance, database_url, first.cursor)
     assert [r.run_key for r in again.run_requests] == [request.run_key]
 
     in_flight_run()
-    waiting = _tick(instance, database_url, first.cursor)
+    waiting = _tick(own_instance, database_url, first.cursor)
     assert waiting.run_requests == []
-    assert "a delivery run is in flight" in waiting.skip_reason.skip_message
+    assert "a delivery run is queued or in progress" in waiting.skip_reason.skip_message
     assert "pending 5" in waiting.skip_reason.skip_message
 
 
-def test_healthy_skip_reason_names_the_figures(instance, database_url, conn):
+def test_healthy_skip_reason_and_cursor_name_the_figures(own_instance, database_url, conn):
     add_destination(conn, "live", "http://127.0.0.1:9/live")
     add_deliveries(conn, "live", 2, state="succeeded")
     add_deliveries(conn, "live", 1, due_seconds_ago=-3600)  # due in an hour: not late
-    result = _tick(instance, database_url)
+    result = _tick(own_instance, database_url)
     assert result.run_requests == []
     message = result.skip_reason.skip_message
     assert message.startswith("healthy; ")
     for figure in ("pending 1", "oldest due none", "relay lag none", "expired leases 0"):
         assert figure in message
+    # The sensor page shows each tick's cursor (its skip reason only as a tooltip).
+    assert _health(result) == message
+    assert json.loads(result.cursor)["in_incident"] is False
+
+
+def _fail_as_the_daemon_would(instance, request: RunRequest) -> str:
+    """The requested run, created as the sensor daemon creates it, then failed before it ran
+    (as a run interrupted while launching is)."""
+    run = instance.create_run_for_job(
+        deliver_webhooks_job(),
+        run_id=str(uuid.uuid4()),
+        tags={**request.tags, "dagster/run_key": request.run_key},
+        status=DagsterRunStatus.NOT_STARTED,
+    )
+    instance.report_run_failed(run, "interrupted while launching")
+    return run.run_id
+
+
+def test_a_failed_catch_up_run_never_blocks_the_next(own_instance, database_url, conn, monkeypatch):
+    add_destination(conn, "live", "http://127.0.0.1:9/live")
+    add_deliveries(conn, "live", 3, due_seconds_ago=30)
+    first = _tick(own_instance, database_url).run_requests[0]
+    failed = _fail_as_the_daemon_would(own_instance, first)
+
+    backing_off = _tick(own_instance, database_url)
+    assert backing_off.run_requests == []
+    assert "backing off: the last catch-up run failed" in backing_off.skip_reason.skip_message
+
+    monkeypatch.setattr(sensors, "FAILURE_BACKOFF_SECONDS", 0.2)
+    deadline = time.monotonic() + 10
+    while not (retried := _tick(own_instance, database_url)).run_requests:
+        assert time.monotonic() < deadline, retried.skip_reason.skip_message
+        time.sleep(0.1)  # the backoff passes on the wall clock
+    # A new key: Dagster does not skip it as "already requested", as it did the oldest-due key.
+    assert retried.run_requests[0].run_key == f"catch-up:after:{failed}"
+    assert retried.run_requests[0].run_key != first.run_key
+
+
+def test_backoff_doubles_while_runs_keep_failing(own_instance, database_url, conn):
+    add_destination(conn, "live", "http://127.0.0.1:9/live")
+    add_deliveries(conn, "live", 1, due_seconds_ago=30)
+    request = _tick(own_instance, database_url).run_requests[0]
+    for _ in range(3):
+        _fail_as_the_daemon_would(own_instance, request)
+    recent = sensors.recent_runs_of(own_instance, deliver_webhooks.name)
+    until = sensors.failure_backoff_until(recent, "delivery_lag_sensor")
+    assert until.timestamp() == pytest.approx(recent[0].end_time + 4 * 30, abs=0.01)
+
+
+def test_expired_leases_and_stale_enqueues_are_work(own_instance, database_url, conn):
+    add_destination(conn, "live", "http://127.0.0.1:9/live")
+    leased = add_deliveries(conn, "live", 2, state="leased")
+    conn.execute(
+        "UPDATE webhook_delivery SET lease_until = now() - interval '1 minute' "
+        "WHERE delivery_id = ANY(%s)",
+        (leased,),
+    )
+    expired = _tick(own_instance, database_url).run_requests
+    assert [r.tags["media_hooks/work"] for r in expired] == ["2 expired lease(s)"]
+
+    conn.execute(
+        "UPDATE webhook_delivery SET state = 'succeeded', lease_until = NULL, lease_token = NULL"
+    )
+    add_deliveries(conn, "live", 3, prefix="q")
+    reconciler.claim_due(conn, "a-run-that-vanished", Cohort())
+    quick = DeliverySettingsResource(enqueue_timeout_seconds=60)
+    assert _tick(own_instance, database_url, settings=quick).run_requests == []
+    conn.execute(
+        "UPDATE webhook_delivery SET updated_at = now() - interval '2 minutes' WHERE state = 'enqueued'"
+    )
+    stale = _tick(own_instance, database_url, settings=quick).run_requests
+    assert [r.tags["media_hooks/work"] for r in stale] == ["stale enqueues (oldest 120s)"]
+
+
+@pytest.fixture
+def dead_worker() -> run_workers.Worker:
+    """A real process, killed: the worker a dead run recorded."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    started = psutil.Process(process.pid).create_time()
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    host = run_workers.this_process("").host
+    return run_workers.Worker(run_id="", host=host, pid=process.pid, started=started)
+
+
+def test_the_lag_sensor_fails_a_dead_run_frees_its_slots_and_catches_up_its_rows(
+    own_instance, database_url, conn, dead_worker
+):
+    add_destination(conn, "live", "http://127.0.0.1:9/live")
+    add_deliveries(conn, "live", 4)
+    run_id = str(uuid.uuid4())
+    worker = run_workers.Worker(run_id, dead_worker.host, dead_worker.pid, dead_worker.started)
+    own_instance.create_run_for_job(
+        deliver_webhooks_job(), run_id=run_id, tags=worker.tag(), status=DagsterRunStatus.STARTED
+    )
+    reconciler.claim_due(conn, run_id, Cohort())
+    storage = own_instance.event_log_storage
+    hold_pool_slot(storage, run_id)
+
+    result = _tick(own_instance, database_url)
+
+    run = own_instance.get_run_by_id(run_id)
+    assert run.status == DagsterRunStatus.FAILURE
+    assert run.tags[RELEASED_TAG] == "4"
+    failure = own_instance.get_records_for_run(run_id, of_type=DagsterEventType.RUN_FAILURE)
+    assert f"worker process (pid {dead_worker.pid} on" in failure.records[0].event_log_entry.message
+    assert slot_holders(storage) == []
+    assert states(conn) == {"pending": 4}
+    assert [r.run_key for r in result.run_requests] == [f"catch-up:after:{run_id}"]
+    assert _health(result).startswith("recovered 1 dead run(s), 4 delivery(ies) due again; ")
+    # The daemon's failure sensor sees the run fail next: nothing left to do, nothing miscounted.
+    assert "0 delivery(ies) due again" in _on_failure(own_instance, run, database_url).skip_message
+    assert own_instance.get_run_by_id(run_id).tags[RELEASED_TAG] == "4"
+
+
+def test_a_live_run_is_left_alone(own_instance, database_url, conn):
+    add_destination(conn, "live", "http://127.0.0.1:9/live")
+    add_deliveries(conn, "live", 2)
+    run_id = str(uuid.uuid4())
+    me = run_workers.this_process(run_id)
+    own_instance.create_run_for_job(
+        deliver_webhooks_job(), run_id=run_id, tags=me.tag(), status=DagsterRunStatus.STARTED
+    )
+    reconciler.claim_due(conn, run_id, Cohort())
+    result = _tick(own_instance, database_url)
+    assert own_instance.get_run_by_id(run_id).status == DagsterRunStatus.STARTED
+    assert states(conn) == {"enqueued": 2}
+    assert result.run_requests == []
 
 
 def test_one_alert_per_incident_then_one_recovery(
-    instance, database_url, conn, inbox, monkeypatch, in_flight_run
+    own_instance, database_url, conn, inbox, monkeypatch, in_flight_run
 ):
     monkeypatch.setenv("MEDIA_HOOKS_ALERT_URL", inbox.url)
     monkeypatch.setenv("MEDIA_HOOKS_ALERT_OLDEST_DUE_SECONDS", "60")
@@ -137,7 +289,7 @@ def test_one_alert_per_incident_then_one_recovery(
 
     cursor = None
     for _ in range(3):
-        cursor = _tick(instance, database_url, cursor).cursor
+        cursor = _tick(own_instance, database_url, cursor).cursor
     assert len(inbox.texts) == 1
     assert "delivery incident" in inbox.texts[0]
     assert "oldest due delivery is 6" in inbox.texts[0]
@@ -146,36 +298,27 @@ def test_one_alert_per_incident_then_one_recovery(
         "UPDATE webhook_delivery SET state = 'succeeded' WHERE delivery_id = ANY(%s)", (late,)
     )
     for _ in range(2):
-        cursor = _tick(instance, database_url, cursor).cursor
+        cursor = _tick(own_instance, database_url, cursor).cursor
     assert len(inbox.texts) == 2
     assert inbox.texts[1].startswith("media_hooks: recovered")
 
 
 def test_an_alert_that_did_not_get_through_is_sent_on_the_next_tick(
-    instance, database_url, conn, inbox, monkeypatch, in_flight_run
+    own_instance, database_url, conn, inbox, monkeypatch, in_flight_run
 ):
     monkeypatch.setenv("MEDIA_HOOKS_ALERT_URL", "http://127.0.0.1:9/nowhere")
     monkeypatch.setenv("MEDIA_HOOKS_ALERT_OLDEST_DUE_SECONDS", "60")
     add_destination(conn, "live", "http://127.0.0.1:9/live")
     add_deliveries(conn, "live", 1, due_seconds_ago=600)
     in_flight_run()
-    cursor = _tick(instance, database_url).cursor
+    cursor = _tick(own_instance, database_url).cursor
     monkeypatch.setenv("MEDIA_HOOKS_ALERT_URL", inbox.url)
-    _tick(instance, database_url, cursor)
+    _tick(own_instance, database_url, cursor)
     assert len(inbox.texts) == 1
 
 
-def test_failure_sensor_releases_exactly_the_failed_runs_rows(instance, database_url, conn):
-    add_destination(conn, "a", "http://127.0.0.1:9/a")
-    add_destination(conn, "b", "http://127.0.0.1:9/b")
-    add_deliveries(conn, "a", 4)
-    add_deliveries(conn, "b", 3)
-    failed = instance.create_run_for_job(
-        deliver_webhooks_job(), run_id=str(uuid.uuid4()), status=DagsterRunStatus.FAILURE
-    )
-    other = str(uuid.uuid4())
-    reconciler.claim_due(conn, failed.run_id, Cohort(destination_ids=("a",)))
-    reconciler.claim_due(conn, other, Cohort(destination_ids=("b",)))
+def _on_failure(instance, run, database_url: str) -> SkipReason:
+    """The run-failure sensor's evaluation for ``run``."""
     event = DagsterEvent(
         event_type_value=DagsterEventType.RUN_FAILURE.value, job_name="deliver_webhooks"
     )
@@ -183,13 +326,32 @@ def test_failure_sensor_releases_exactly_the_failed_runs_rows(instance, database
         sensor_name="delivery_run_failure_sensor",
         dagster_event=event,
         dagster_instance=instance,
-        dagster_run=failed,
+        dagster_run=run,
         resources={"postgres": PostgresResource(database_url=database_url)},
     ) as context:
-        result = failure_sensor(context.for_run_failure())
+        return failure_sensor(context.for_run_failure())
+
+
+def test_failure_sensor_releases_exactly_the_failed_runs_rows_and_frees_its_slots(
+    own_instance, database_url, conn
+):
+    add_destination(conn, "a", "http://127.0.0.1:9/a")
+    add_destination(conn, "b", "http://127.0.0.1:9/b")
+    add_deliveries(conn, "a", 4)
+    add_deliveries(conn, "b", 3)
+    failed = own_instance.create_run_for_job(
+        deliver_webhooks_job(), run_id=str(uuid.uuid4()), status=DagsterRunStatus.FAILURE
+    )
+    other = str(uuid.uuid4())
+    reconciler.claim_due(conn, failed.run_id, Cohort(destination_ids=("a",)))
+    reconciler.claim_due(conn, other, Cohort(destination_ids=("b",)))
+    storage = own_instance.event_log_storage
+    for run_id in (failed.run_id, other):
+        hold_pool_slot(storage, run_id)
+    result = _on_failure(own_instance, failed, database_url)
 
     assert isinstance(result, SkipReason)
-    assert "released 4 delivery(ies)" in result.skip_message
+    assert "4 delivery(ies) due again, 1 pool slot(s) freed" in result.skip_message
     states = conn.execute(
         "SELECT destination_id, state, count(*) AS n FROM webhook_delivery GROUP BY 1, 2 ORDER BY 1"
     ).fetchall()
@@ -197,7 +359,8 @@ def test_failure_sensor_releases_exactly_the_failed_runs_rows(instance, database
         ("a", "pending", 4),
         ("b", "enqueued", 3),
     ]
-    instance.delete_run(failed.run_id)
+    assert slot_holders(storage) == [other]
+    assert own_instance.get_run_by_id(failed.run_id).tags[RELEASED_TAG] == "4"
 
 
 def test_nightly_schedule_runs_at_two_in_the_configured_timezone(monkeypatch):

@@ -64,3 +64,9 @@ FROM (
 ) AS numbered
 GROUP BY destination_id, batch_no
 ORDER BY destination_id, batch_no;
+
+-- name: run_dispatched
+-- description: Whether a run dispatched anything into this database's outbox: one probe of
+--   dispatch_outbox_run. (A Dagster instance may serve several deployments, each with its own
+--   database: a run unknown here is another's.)
+SELECT EXISTS (SELECT 1 FROM dispatch_outbox WHERE run_id = %(run_id)s) AS dispatched;

@@ -31,10 +31,19 @@ SELECT
     (SELECT min(d.next_attempt_at)
        FROM webhook_delivery d
       WHERE d.state = 'pending' AND d.next_attempt_at <= clock.now) AS oldest_due_any_at,
-    -- Relay lag: the oldest outbox row not yet published (dispatch_outbox_unpublished).
-    (SELECT min(o.created_at)
-       FROM dispatch_outbox o
-      WHERE o.published_at IS NULL) AS oldest_unpublished_at,
+    -- Relay lag: the oldest outbox message not yet published that is still waited for: the
+    -- current dispatch of a delivery that is still enqueued. A message whose delivery moved on
+    -- (released, swept, delivered through a later dispatch) is never published and is not lag.
+    -- Walks webhook_delivery_enqueued oldest first (while enqueued, updated_at is the claim's
+    -- time, which is its message's created_at) and stops at the first unpublished message: the
+    -- walk is bounded by the live backlog, not by the outbox's history.
+    (SELECT o.created_at
+       FROM webhook_delivery d
+       JOIN dispatch_outbox o ON o.message_id = d.current_message_id
+      WHERE d.state = 'enqueued'
+        AND o.published_at IS NULL
+      ORDER BY d.updated_at
+      LIMIT 1) AS oldest_unpublished_at,
     -- Leases past their end: work a dead worker left behind (webhook_delivery_lease).
     (SELECT count(*)
        FROM webhook_delivery d

@@ -21,11 +21,13 @@ from dagster import (
 
 from media_hooks import figures, reconciler, requeue, sweeps
 from media_hooks.delivery import DeliveryCounts, deliver_batch, tally
+from media_hooks.orchestration import recovery
 from media_hooks.orchestration.config import DeliverConfig
 from media_hooks.orchestration.metadata import (
     cohort_tags,
     counts_table,
     mapping_key,
+    outcome_tags,
     rows_of_run,
 )
 from media_hooks.orchestration.resources import DeliverySettingsResource, PostgresResource
@@ -74,9 +76,22 @@ def _requeue_dead(context: OpExecutionContext, conn, config: DeliverConfig) -> i
     return result.moved
 
 
+def _recover_dead_runs(context: OpExecutionContext, conn, settings) -> list[recovery.Recovered]:
+    recovered = recovery.recover(
+        context.instance,
+        conn,
+        context.job_name,
+        window_seconds=recovery.window_seconds(settings.enqueue_timeout_seconds),
+    )
+    for done in recovered:
+        context.log.warning(f"recovered {done.describe()}")
+    return recovered
+
+
 @op(
-    description="Sweeps expired leases and stale enqueues, optionally requeues the cohort's "
-    "dead letters, then claims due pages into the outbox under this run's id.",
+    description="Recovers dead delivery runs (marks them failed, frees their pool slots, "
+    "releases their rows), sweeps expired leases and stale enqueues, optionally requeues the "
+    "cohort's dead letters, then claims due pages into the outbox under this run's id.",
     out=Out(Claimed),
 )
 def claim_due_pages(
@@ -89,9 +104,11 @@ def claim_due_pages(
     cohort = config.cohort()
     context.instance.add_run_tags(context.run_id, cohort_tags(cohort))
     started = time.monotonic()
+    settings = delivery_settings.settings()
     with postgres.connection() as conn:
         before = figures.measure(conn)
-        swept = sweeps.run_sweeps(conn, delivery_settings.settings())
+        recovered = _recover_dead_runs(context, conn, settings)
+        swept = sweeps.run_sweeps(conn, settings)
         requeued = _requeue_dead(context, conn, config) if config.include_dead else 0
         claim = reconciler.claim_due(
             conn,
@@ -117,6 +134,9 @@ def claim_due_pages(
             ),
             "oldest_due_age_seconds": MetadataValue.float(before.oldest_due_age_seconds or 0.0),
             "relay_lag_seconds": MetadataValue.float(before.relay_lag_seconds or 0.0),
+            "recovered_runs": MetadataValue.md(
+                "\n".join(f"- {done.describe()}" for done in recovered) or "none"
+            ),
             "swept_expired_leases": swept.expired_leases,
             "swept_stale_enqueues": swept.stale_enqueues,
             "breaker_disabled": swept.breaker_disabled,
@@ -223,14 +243,20 @@ def summarize(run_id: str, claimed: Claimed, results: list[BatchResult]) -> RunS
     )
 
 
-@op(description="Fans in: totals and per-destination counts, and how to list this run's rows.")
+@op(
+    description="Fans in: totals and per-destination counts, how to list this run's rows, and "
+    "the run's outcome as tags for the run list (media_hooks/outcome, media_hooks/delivered)."
+)
 def summarize_run(
     context: OpExecutionContext, claimed: Claimed, results: list[BatchResult]
 ) -> Output[RunSummary]:
     summary = summarize(claimed.run_id, claimed, results)
+    tags = outcome_tags(summary.claimed, summary.totals)
+    context.instance.add_run_tags(context.run_id, tags)
     return Output(
         summary,
         metadata={
+            "outcome": tags["media_hooks/outcome"],
             "claimed": summary.claimed,
             **{name: summary.totals.get(name, 0) for name in COUNT_COLUMNS},
             "per_destination": MetadataValue.md(

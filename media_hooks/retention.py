@@ -1,10 +1,11 @@
 """Retention: terminal deliveries leave the hot tables; their identity stays as a tombstone.
 
 A terminal (``succeeded`` / ``dead``) delivery older than the retention window is deleted with
-its outbox and attempt rows, in bounded batches, each batch its own short transaction. A slim
-row of ``delivery_tombstone`` keeps its ``delivery_id`` for the longer duplicate window, so a
-re-emitted old event is recognised as already delivered rather than sent again. Pending and
-in-flight rows are never touched (invariant 3). No Dagster here.
+its outbox and attempt rows, in bounded batches, each batch its own short transaction. Its row
+of ``delivery_identity`` (written when it was emitted) becomes its tombstone and keeps the
+``delivery_id`` for the longer duplicate window, so a re-emitted old event is recognised as
+already delivered rather than sent again, even by an emit racing the purge (migration 0005).
+Pending and in-flight rows are never touched (invariant 3). No Dagster here.
 """
 
 from __future__ import annotations

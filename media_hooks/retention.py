@@ -15,6 +15,7 @@ from datetime import datetime
 
 import psycopg
 
+from media_hooks import db
 from media_hooks.errors import UserError
 from media_hooks.sqlfiles import query
 
@@ -79,9 +80,12 @@ def purge_terminal(
     totals = dict(deliveries=0, outbox_rows=0, attempts=0, tombstones_written=0)
     batches = 0
     while batches < max_batches:
-        row = conn.execute(
-            query("purge_terminal_batch"), {"cutoff": cutoff, "batch_size": batch_size}
-        ).fetchone()
+        row = db.retrying(
+            "purge a batch",
+            lambda: conn.execute(
+                query("purge_terminal_batch"), {"cutoff": cutoff, "batch_size": batch_size}
+            ).fetchone(),
+        )
         batches += 1
         totals["deliveries"] += row["deliveries"]
         totals["outbox_rows"] += row["outbox_rows"]
@@ -98,9 +102,14 @@ def expire_tombstones(
     """Forget purged delivery ids whose event was created before ``cutoff``."""
     expired = 0
     for _ in range(max_batches):
-        n = conn.execute(
-            query("expire_tombstones_batch"), {"cutoff": cutoff, "batch_size": batch_size}
-        ).rowcount
+        n = db.retrying(
+            "expire tombstones",
+            lambda: (
+                conn.execute(
+                    query("expire_tombstones_batch"), {"cutoff": cutoff, "batch_size": batch_size}
+                ).rowcount
+            ),
+        )
         expired += n
         if n < batch_size:
             break

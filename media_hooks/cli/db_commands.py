@@ -19,7 +19,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def run_migrate(args: argparse.Namespace) -> int:
     url = db.resolve_url(Settings.from_env())
-    with db.connect(url, autocommit=True) as conn:
+    with db.connect(url, autocommit=True, role=db.Role.MIGRATION) as conn:
         result = migrations.migrate(conn)
     if args.json:
         print_json({"applied": result.applied, "already_applied": result.already_applied})

@@ -57,7 +57,7 @@ def run_emit(args: argparse.Namespace) -> int:
     if args.file is not None:
         return _run_file(args)
     event = _single_event(args)
-    with db.connect(db.ready_url()) as conn:
+    with db.connect(db.ready_url(), role=db.Role.PRODUCER) as conn:
         result = emit.emit(conn, event)
     if args.json:
         print_json({"delivery_id": result.delivery_id, "inserted": result.inserted})
@@ -79,7 +79,7 @@ def _run_file(args: argparse.Namespace) -> int:
         source = open(args.file, "rb")  # noqa: SIM115 - closed below, after the transaction
     except OSError as exc:
         raise UserError(f"cannot read {args.file}: {exc.strerror}") from None
-    with source, db.connect(db.ready_url()) as conn:
+    with source, db.connect(db.ready_url(), role=db.Role.PRODUCER) as conn:
         counts = emit.emit_jsonl(conn, source)
     if args.json:
         print_json({"inserted": counts.inserted, "already_present": counts.already_present})

@@ -11,6 +11,7 @@ from dagster import (
     Backoff,
     DynamicOut,
     DynamicOutput,
+    Failure,
     MetadataValue,
     OpExecutionContext,
     Out,
@@ -19,8 +20,8 @@ from dagster import (
     op,
 )
 
-from media_hooks import figures, reconciler, requeue, sweeps
-from media_hooks.delivery import DeliveryCounts, deliver_batch, tally
+from media_hooks import db, figures, reconciler, requeue, sweeps
+from media_hooks.delivery import DeliveryCounts, OutcomesNotRecorded, deliver_batch, tally
 from media_hooks.orchestration.config import DeliverConfig
 from media_hooks.orchestration.metadata import (
     cohort_tags,
@@ -41,6 +42,7 @@ COUNT_COLUMNS = (
     "dead",
     "skipped",
     "deferred",
+    "guard_refused",
 )
 
 
@@ -89,7 +91,7 @@ def claim_due_pages(
     cohort = config.cohort()
     context.instance.add_run_tags(context.run_id, cohort_tags(cohort))
     started = time.monotonic()
-    with postgres.connection() as conn:
+    with postgres.connection(db.Role.RECONCILER) as conn:
         before = figures.measure(conn)
         swept = sweeps.run_sweeps(conn, delivery_settings.settings())
         requeued = _requeue_dead(context, conn, config) if config.include_dead else 0
@@ -152,7 +154,8 @@ def partition_by_destination(
 @op(
     description="Delivers one destination batch through the engine, honouring the destination's "
     "global limits. A destination's failures are counted, not raised; only infrastructure "
-    "faults fail the step (and Dagster retries those; webhook retries are the table's).",
+    "faults fail the step (and Dagster retries those; webhook retries are the table's), except "
+    "outcomes the database refused to record: that failure is final, never hidden by a retry.",
     pool=DELIVERY_POOL,
     retry_policy=RetryPolicy(max_retries=2, delay=2, backoff=Backoff.EXPONENTIAL),
     out=Out(BatchResult),
@@ -164,7 +167,16 @@ def deliver_destination_batch(
     delivery_settings: DeliverySettingsResource,
 ) -> Output[BatchResult]:
     started = time.monotonic()
-    counts = deliver_batch(postgres.pool, context.run_id, batch, delivery_settings.settings())
+    try:
+        counts = deliver_batch(postgres.pool, context.run_id, batch, delivery_settings.settings())
+    except OutcomesNotRecorded as exc:
+        # A step retry would find these deliveries leased, skip them and end green, leaving
+        # their outcomes to lease expiry: the failure must show.
+        raise Failure(
+            description=str(exc),
+            metadata={"destination_id": batch.destination_id, "deliveries": exc.delivery_ids},
+            allow_retries=False,
+        ) from exc
     seconds = time.monotonic() - started
     result = BatchResult(
         destination_id=batch.destination_id,

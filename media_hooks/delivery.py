@@ -289,6 +289,7 @@ class _BatchWorker:
         self.destination: Destination | None = None
         self.sender: Sender | None = None
         self.executor: ThreadPoolExecutor | None = None
+        self.threads = 0
         self.lease_seconds = settings.lease_seconds
         self.refreshed_at = 0.0
         # Senders and thread pools replaced by a changed destination; closed at the end.
@@ -296,11 +297,11 @@ class _BatchWorker:
         self.waiting: deque[Message] = deque()
         self.after_message_id = ""
         self.pages_exhausted = False
-        # Leases taken and not yet handed to a sender; requests in flight, with their slot and
-        # when they were leased (the outcome is recorded while the lease holds).
+        # Leases taken and not yet handed to a sender; requests in flight, with their slot; and
+        # when each lease ends (monotonic): its outcome is retried until shortly before.
         self.unsent: list[tuple[Lease, int]] = []
         self.in_flight: dict[Future, tuple[Lease, int]] = {}
-        self.leased_at: dict[str, float] = {}
+        self.lease_ends: dict[str, float] = {}
         # Finished attempts whose outcomes are not recorded yet, with their answers (None for a
         # lease never sent); and the permits of finished requests, handed back with the next ask.
         self.finished: list[tuple[Outcome, AttemptResult | None]] = []
@@ -346,11 +347,12 @@ class _BatchWorker:
             self.retired.append(self.sender)
         self.sender = sender
         self.lease_seconds = lease_seconds_for(current, sender, self.settings)
-        if self.executor is None or self.executor._max_workers < current.max_in_flight:
+        if self.threads < current.max_in_flight:
             if self.executor is not None:
-                self.retired.append(self.executor)
+                self.retired.append(self.executor)  # its requests in flight finish there
+            self.threads = current.max_in_flight
             self.executor = ThreadPoolExecutor(
-                max_workers=current.max_in_flight,
+                max_workers=self.threads,
                 thread_name_prefix=f"send-{current.destination_id}"[:40],
             )
 
@@ -413,10 +415,10 @@ class _BatchWorker:
         for _ in range(step.examined):
             self.waiting.popleft()
         self.counts.skipped += step.examined - len(step.leases)
-        now = time.monotonic()
+        ends = time.monotonic() + self.lease_seconds
         self.unsent = list(zip(step.leases, step.grant.slots, strict=True))
         for lease in step.leases:
-            self.leased_at[lease.delivery_id] = now
+            self.lease_ends[lease.delivery_id] = ends
         if self.unsent:
             crashpoints.hit(crashpoints.AFTER_LEASE_BEFORE_REQUEST)
         while self.unsent:
@@ -484,8 +486,7 @@ class _BatchWorker:
         finished = self.finished
         batch = [outcome for outcome, _ in finished]
         deadline = (
-            min(self.leased_at[o.lease.delivery_id] for o in batch)
-            + self.lease_seconds
+            min(self.lease_ends[o.lease.delivery_id] for o in batch)
             - RECORD_DEADLINE_MARGIN_SECONDS
         )
         try:
@@ -497,7 +498,7 @@ class _BatchWorker:
             raise OutcomesNotRecorded([o.lease.delivery_id for o in batch], exc) from exc
         self.finished = []
         for outcome, result in finished:
-            self.leased_at.pop(outcome.lease.delivery_id, None)
+            self.lease_ends.pop(outcome.lease.delivery_id, None)
             state = recorded.get(outcome.lease.delivery_id)
             if state is None:
                 self.counts.skipped += 1  # our lease expired and someone else owns it now

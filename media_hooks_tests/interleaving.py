@@ -35,27 +35,15 @@ def in_background(action: Callable[[], T]) -> Iterator[Future[T]]:
         future.result(timeout=60)
 
 
-def wait_until_blocked(observer: psycopg.Connection, pid: int, timeout: float = 15.0) -> None:
-    """Wait until backend ``pid`` is waiting for a lock (a row, a transaction, a tuple)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        row = observer.execute(
-            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
-        ).fetchone()
-        if row is not None and row["wait_event_type"] == "Lock":
-            return
-        time.sleep(0.005)
-    pytest.fail(f"backend {pid} never blocked on a lock")
-
-
-def wait_until_blocked_or_done(
-    observer: psycopg.Connection, pid: int, future: Future, timeout: float = 15.0
+def wait_until_blocked(
+    observer: psycopg.Connection, pid: int, future: Future | None = None, timeout: float = 15.0
 ) -> None:
-    """Wait until backend ``pid`` blocks on a lock, or its statement (``future``) has ended:
-    for a side whose correct behaviour may be either to wait or to decide at once."""
+    """Wait until backend ``pid`` is waiting for a lock (a row, a transaction, a tuple); or,
+    given the ``future`` of its statement, until that has ended: for a side whose correct
+    behaviour may be either to wait or to decide at once."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if future.done():
+        if future is not None and future.done():
             return
         row = observer.execute(
             "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
@@ -63,7 +51,7 @@ def wait_until_blocked_or_done(
         if row is not None and row["wait_event_type"] == "Lock":
             return
         time.sleep(0.005)
-    pytest.fail(f"backend {pid} neither blocked on a lock nor finished")
+    pytest.fail(f"backend {pid} never blocked on a lock" + (" nor finished" if future else ""))
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:

@@ -9,7 +9,7 @@ from media_hooks.emit import Event, emit, emit_many
 from media_hooks.errors import UserError
 from media_hooks.sqlfiles import query
 from media_hooks_tests.factories import add_deliveries, add_destination
-from media_hooks_tests.interleaving import in_background, open_session, wait_until_blocked_or_done
+from media_hooks_tests.interleaving import in_background, open_session, wait_until_blocked
 
 DAY = 86400
 
@@ -146,7 +146,7 @@ def test_an_emit_racing_the_purge_of_its_id_records_nothing(conn, database_url, 
         ).fetchone()
         assert row["deliveries"] == 1  # T1 purged it and holds its transaction open
         with in_background(lambda: emit_path(producer, event)) as emitted:
-            wait_until_blocked_or_done(conn, producer.info.backend_pid, emitted)
+            wait_until_blocked(conn, producer.info.backend_pid, emitted)
             purger.commit()
         assert emitted.result() == 0
 
@@ -174,7 +174,7 @@ def test_a_purge_racing_an_uncommitted_emit_of_a_legacy_id_keeps_one_identity(
                 query("purge_terminal_batch"), {"cutoff": _cutoff(conn), "batch_size": 10}
             ).fetchone()
         ) as purged:
-            wait_until_blocked_or_done(conn, purger.info.backend_pid, purged)
+            wait_until_blocked(conn, purger.info.backend_pid, purged)
             producer.commit()
         assert purged.result()["deliveries"] == 1
         purger.commit()

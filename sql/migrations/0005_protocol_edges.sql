@@ -232,24 +232,14 @@ CREATE FUNCTION media_hooks_refund_permits_v1(
 RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-    lim destination_limiter;
-    freed record;
+    refunded integer := media_hooks_release_permits_v1(p_destination_id, p_slots, p_holder);
 BEGIN
-    SELECT * INTO lim FROM destination_limiter l
-     WHERE l.destination_id = p_destination_id FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN 0;
-    END IF;
-    SELECT * INTO freed FROM media_hooks_free_slots_v1(
-        lim.slot_until, lim.slot_holder, p_slots, media_hooks_holder_key_v1(p_holder));
-    IF freed.released > 0 THEN
+    IF refunded > 0 THEN
         UPDATE destination_limiter l
-           SET slot_until = freed.untils,
-               slot_holder = freed.holders,
-               level = greatest(lim.level - freed.released, 0)
+           SET level = greatest(l.level - refunded, 0)
          WHERE l.destination_id = p_destination_id;
     END IF;
-    RETURN freed.released;
+    RETURN refunded;
 END;
 $$;
 

@@ -50,6 +50,8 @@ SELECT (SELECT count(*) FROM deliveries) AS deliveries,
 -- name: expire_tombstones_batch
 -- description: deletes one batch of tombstones whose event is older than the duplicate window
 -- (index delivery_identity_tombstone_created): the id may be recorded again after this.
+-- invariant 8, within the duplicate window: only tombstones are forgotten (final_state set),
+-- never the identity of a delivery that still has its row.
 WITH expired AS (
     SELECT delivery_id
     FROM delivery_identity

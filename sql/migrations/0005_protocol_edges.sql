@@ -153,9 +153,10 @@ $$;
 -- The lease (0004's media_hooks_lease_v1), except that an expired lease is no longer taken over
 -- directly: an offered delivery whose lease expired is first ended by media_hooks_end_leases_v1
 -- (its attempt closed as ambiguous, the budget and age rules applied), exactly as the sweep
--- would end it, and then leased like any due pending delivery, in the same statement. (v1 left
--- the abandoned attempt open for ever and never applied the budget rule to a re-offered
--- message: a Dagster step retry or re-execution.)
+-- would end it, and then leased like any due pending delivery, in the same call. (v1 left the
+-- abandoned attempt open for ever and never applied the budget rule to a re-offered message:
+-- a Dagster step retry or re-execution.) The ending runs only when the lease found offered
+-- deliveries it could not lease, so the common step costs what v1 cost.
 -- keeps: invariant 4 (a fresh lease_token fences every later update; succeeded and dead rows are
 --   never leased), invariant 3 (the attempt row records the start before any request),
 --   invariant 5 (only scheduling metadata changes), invariant 9 (a second send follows a
@@ -174,44 +175,56 @@ SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
+DECLARE
+    leased_now integer;
+    leased_total integer := 0;
 BEGIN
-    PERFORM 1 FROM media_hooks_end_leases_v1(
-        p_delivery_ids, true,
-        'lease expiry (taken over by run ' || p_run_id || ')',
-        'lease expired before an outcome was recorded (worker lost or too slow)');
-
-    RETURN QUERY
-    WITH wanted AS (
-        SELECT *
-        FROM unnest(p_delivery_ids, p_message_ids) AS w(delivery_id, message_id)
-    ),
-    leased AS (
-        UPDATE webhook_delivery AS d
-        SET state = 'leased',
-            lease_token = gen_random_uuid(),
-            lease_until = now() + make_interval(secs => p_lease_seconds),
-            attempt_count = d.attempt_count + 1,
-            budget_used = d.budget_used + 1,
-            updated_at = now()
-        FROM wanted
-        WHERE d.delivery_id = wanted.delivery_id
-          AND d.current_message_id = wanted.message_id
-          AND CASE d.state
-                  WHEN 'enqueued' THEN true
-                  WHEN 'pending' THEN d.next_attempt_at <= now()
-                  ELSE false
-              END
-        RETURNING d.delivery_id, d.destination_id, d.current_message_id AS message_id,
-                  d.lease_token, d.attempt_count AS attempt_no, d.budget_used, d.body
-    ),
-    opened AS (
-        INSERT INTO delivery_attempt
-            (delivery_id, attempt_no, destination_id, message_id, run_id, lease_token)
-        SELECT l.delivery_id, l.attempt_no, l.destination_id, l.message_id, p_run_id, l.lease_token
-        FROM leased AS l
-    )
-    SELECT l.delivery_id, l.message_id, l.lease_token, l.attempt_no, l.budget_used, l.body
-    FROM leased AS l;
+    FOR pass IN 1 .. 2 LOOP
+        RETURN QUERY
+        WITH wanted AS (
+            SELECT *
+            FROM unnest(p_delivery_ids, p_message_ids) AS w(delivery_id, message_id)
+        ),
+        leased AS (
+            UPDATE webhook_delivery AS d
+            SET state = 'leased',
+                lease_token = gen_random_uuid(),
+                lease_until = now() + make_interval(secs => p_lease_seconds),
+                attempt_count = d.attempt_count + 1,
+                budget_used = d.budget_used + 1,
+                updated_at = now()
+            FROM wanted
+            WHERE d.delivery_id = wanted.delivery_id
+              AND d.current_message_id = wanted.message_id
+              AND CASE d.state
+                      WHEN 'enqueued' THEN true
+                      WHEN 'pending' THEN d.next_attempt_at <= now()
+                      ELSE false
+                  END
+            RETURNING d.delivery_id, d.destination_id, d.current_message_id AS message_id,
+                      d.lease_token, d.attempt_count AS attempt_no, d.budget_used, d.body
+        ),
+        opened AS (
+            INSERT INTO delivery_attempt
+                (delivery_id, attempt_no, destination_id, message_id, run_id, lease_token)
+            SELECT l.delivery_id, l.attempt_no, l.destination_id, l.message_id, p_run_id,
+                   l.lease_token
+            FROM leased AS l
+        )
+        SELECT l.delivery_id, l.message_id, l.lease_token, l.attempt_no, l.budget_used, l.body
+        FROM leased AS l;
+        GET DIAGNOSTICS leased_now = ROW_COUNT;
+        leased_total := leased_total + leased_now;
+        EXIT WHEN pass = 2 OR leased_total = cardinality(p_delivery_ids);
+        -- Some were not leased: those whose lease expired end now; the second pass leases the
+        -- ones that came out pending (the rest were leased already, or are stale or terminal).
+        PERFORM 1 FROM media_hooks_end_leases_v1(
+            p_delivery_ids, true,
+            'lease expiry (taken over by run ' || p_run_id || ')',
+            'lease expired before an outcome was recorded (worker lost or too slow)') AS ended
+        WHERE ended.state = 'pending';
+        EXIT WHEN NOT FOUND;
+    END LOOP;
 END;
 $$;
 

@@ -44,6 +44,9 @@ _REQUIRED_FIELDS = EVENT_FIELDS[:4]
 _CANONICAL = json.JSONEncoder(
     separators=(",", ":"), ensure_ascii=False, sort_keys=True, allow_nan=False
 )
+# A string as _CANONICAL writes it, by the same C function without the encoder's dispatch
+# around it: five strings an event on the bulk path, a fifth of its client time.
+_quote = json.encoder.encode_basestring
 
 
 @dataclass(frozen=True)
@@ -129,8 +132,8 @@ def _body_parts(event_type: str, asset_id: str, payload_json: str) -> tuple[byte
 
     Built from canonical pieces so the top-level keys keep the contract's order.
     """
-    head = f'{{"type":{_CANONICAL.encode(event_type)},"timestamp":"'
-    tail = f'","asset_id":{_CANONICAL.encode(asset_id)},"data":{payload_json}}}'
+    head = f'{{"type":{_quote(event_type)},"timestamp":"'
+    tail = f'","asset_id":{_quote(asset_id)},"data":{payload_json}}}'
     return head.encode(), tail.encode()
 
 
@@ -142,10 +145,7 @@ def request_body(event_type: str, created_at: datetime, asset_id: str, payload: 
 
 
 def _derived_id(destination_id: str, event_type: str, asset_id: str, payload_json: str) -> str:
-    canonical = (
-        f"[{_CANONICAL.encode(destination_id)},{_CANONICAL.encode(event_type)},"
-        f"{_CANONICAL.encode(asset_id)},{payload_json}]"
-    )
+    canonical = f"[{_quote(destination_id)},{_quote(event_type)},{_quote(asset_id)},{payload_json}]"
     digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
     return DERIVED_ID_PREFIX + digest[:32]
 
@@ -240,8 +240,8 @@ def _emit_numbered(
 
 
 def _insert_staged(cur: psycopg.Cursor) -> dict[str, int]:
-    """emit_staging_insert, run again when a concurrent purge of a pre-0005 row made it meet
-    the tombstone's identity (sql/queries/emit.sql says why that is the only such case)."""
+    """emit_staging_insert, run again when a purge committing meanwhile made it meet a
+    tombstone its snapshot did not show (sql/queries/emit.sql): the next run sees it."""
     attempt = 1
     while True:
         try:

@@ -46,8 +46,11 @@ INSERT INTO delivery_identity (delivery_id, destination_id, created_at, final_st
 SELECT delivery_id, destination_id, created_at, final_state, purged_at FROM delivery_tombstone
 ON CONFLICT (delivery_id) DO NOTHING;
 
--- Tombstone expiry, oldest events first (only tombstones are indexed: emit does not pay).
+-- Tombstone expiry, oldest events first, and the bulk emit's look-up of purged ids (only
+-- tombstones are indexed: emit does not pay for either).
 CREATE INDEX delivery_identity_tombstone_created ON delivery_identity (created_at)
+    WHERE final_state IS NOT NULL;
+CREATE INDEX delivery_identity_tombstone ON delivery_identity (delivery_id)
     WHERE final_state IS NOT NULL;
 
 -- The tombstones under the name they had, for operators' queries and for code of the previous

@@ -87,15 +87,15 @@ LIMIT 1;
 -- Rows go in delivery_id order: the primary keys and the due index then fill leaf by leaf (a
 -- quarter less server time than file order). Every delivery is stamped with the database clock
 -- of the producer's transaction, like emit_one.
--- invariants 1 and 8: an id with an identity row (recorded, or purged and tombstoned) is
--- counted as already present; each delivery written writes its identity row in the same
--- statement. Unlike emit_one this looks the identity up rather than inserting it first (half
--- the cost per row: the bulk path's budget). The one interleaving that slips past the look-up,
--- a purge committing an identity this statement's snapshot predates, can only concern a row
--- written by code older than migration 0005 (every later row has had its identity since it was
--- emitted), and it ends in a unique violation on delivery_identity_pkey, never in a second
--- delivery; media_hooks.emit then runs the statement again, and its new snapshot sees the
--- tombstone.
+-- invariants 1 and 8: an id already recorded is left alone (its live row conflicts), and so is
+-- a purged one (its tombstone is looked up, index delivery_identity_tombstone); each delivery
+-- written writes its identity row in the same statement, plainly. Every recorded id has an
+-- identity row, so an interleaving that slips past the look-up (a purge committing a tombstone
+-- this statement's snapshot predates, the delivery's row deleted under the insert's wait) ends
+-- in a unique violation on delivery_identity_pkey, never in a second delivery:
+-- media_hooks.emit then runs the statement again, and its new snapshot sees the tombstone.
+-- (Unlike emit_one, which inserts the identity first, this keeps the bulk path's cost per row
+-- close to what it was before identities: one look-up into the tombstones, one insert.)
 -- invariant 2: payload and body are written once here and never updated.
 WITH clock AS (
     SELECT now() AS now, convert_to(media_hooks_rfc3339_v1(now()), 'UTF8') AS stamp
@@ -110,7 +110,8 @@ inserted AS (
            clock.now, clock.now, clock.now, clock.now
     FROM media_hooks_emit_staging_v2 AS e
     CROSS JOIN clock
-    WHERE NOT EXISTS (SELECT 1 FROM delivery_identity AS i WHERE i.delivery_id = e.delivery_id)
+    WHERE NOT EXISTS (SELECT 1 FROM delivery_identity AS i
+                      WHERE i.delivery_id = e.delivery_id AND i.final_state IS NOT NULL)
     ORDER BY e.delivery_id, e.ordinal
     ON CONFLICT (delivery_id) DO NOTHING
     RETURNING delivery_id

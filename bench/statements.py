@@ -18,7 +18,6 @@ import math
 import os
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 
 import psycopg
 from psycopg.rows import dict_row
@@ -89,7 +88,7 @@ def main() -> None:
             def lease() -> int:
                 slots: list[int] = []
                 for start in range(0, rows, k):
-                    grant, got = leases.lease_with_permits(
+                    step = leases.lease_with_permits(
                         conn,
                         "run-1",
                         "dest-1",
@@ -98,15 +97,15 @@ def main() -> None:
                         lease_seconds=90,
                         release_slots=slots,
                     )
-                    slots = grant.slots
-                    taken.extend(got)
+                    slots = step.grant.slots
+                    taken.extend(step.leases)
                 return math.ceil(rows / k)
 
             def record() -> int:
-                now = datetime.now(UTC)
+                now = time.monotonic()
                 for start in range(0, len(taken), m):
                     outcomes = [
-                        Outcome(lease, "success", 200, None, '{"ok": true}', 0, None, now, now)
+                        Outcome(lease, "success", 200, None, '{"ok": true}', 0, None, now)
                         for lease in taken[start : start + m]
                     ]
                     leases.record(conn, outcomes)

@@ -12,7 +12,14 @@ from pathlib import Path
 
 from media_hooks import affinity
 from media_hooks.errors import UserError
-from media_hooks.numeric import COUNT, SECONDS_UP_TO_30_DAYS, SECONDS_UP_TO_A_DAY, from_env
+from media_hooks.numeric import (
+    COUNT,
+    DAY_SECONDS,
+    SECONDS_UP_TO_30_DAYS,
+    SECONDS_UP_TO_A_DAY,
+    Range,
+    from_env,
+)
 
 ALLOW_PRIVATE_URLS = "MEDIA_HOOKS_ALLOW_PRIVATE_URLS"
 
@@ -29,6 +36,11 @@ def _allow_private_urls() -> bool:
     return raw == "1"
 
 
+# Bounds of the database timeouts every connection gets (media_hooks.db, "Roles").
+LOCK_TIMEOUT = Range(0.01, 600, low_inclusive=True, unit="seconds")
+STATEMENT_TIMEOUT = Range(1, DAY_SECONDS, low_inclusive=True, unit="seconds")
+
+
 @dataclass(frozen=True)
 class Settings:
     database_url: str | None
@@ -43,6 +55,10 @@ class Settings:
     # How long a run stopped at `media-hooks run --max-seconds` may take to hand back what it
     # holds before the command kills it.
     run_stop_grace_seconds: float = 15.0
+    # How long any statement waits for a lock, and how long the engine's statements may run
+    # (each connection role scales it: media_hooks.db.bounds).
+    lock_timeout_seconds: float = 5.0
+    statement_timeout_seconds: float = 60.0
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -61,6 +77,10 @@ class Settings:
             delivery_cpu=affinity.parse(os.environ.get(affinity.ENV)),
             run_stop_grace_seconds=from_env(
                 "MEDIA_HOOKS_RUN_STOP_GRACE_SECONDS", 15.0, SECONDS_UP_TO_A_DAY
+            ),
+            lock_timeout_seconds=from_env("MEDIA_HOOKS_LOCK_TIMEOUT_SECONDS", 5.0, LOCK_TIMEOUT),
+            statement_timeout_seconds=from_env(
+                "MEDIA_HOOKS_STATEMENT_TIMEOUT_SECONDS", 60.0, STATEMENT_TIMEOUT
             ),
         )
 

@@ -4,18 +4,31 @@ For each page the relay hands over, the worker takes permits from the destinatio
 limits, leases as many deliveries as it got permits, sends them from a bounded thread pool
 (one pooled HTTP session per destination), and records the outcomes of whatever has finished
 in one statement. No transaction is open while a request is in flight (invariant 7), and a
-worker waiting for permits holds no lease (it leases only what it can send now).
+worker waiting for permits holds no lease (it leases only what it can send now). An outcome
+waits at most ``RECORD_MAX_DELAY_SECONDS`` to be recorded, however long its neighbours take.
+
+The destination is read again at every page and at least every ``REFRESH_SECONDS``: a changed
+URL, secret, timeout or limit takes effect then (a disabled or paused destination, and the
+rate and in-flight limits, at the next permit: they are read by every grant). Settings the
+engine cannot honour, and an address the SSRF guard refuses at connect time, are configuration
+faults: the destination is disabled saying why, and its deliveries wait, pending, with their
+retry budget intact.
 
 A destination's failures are data: they are recorded and counted, never raised. Only
-infrastructure faults (the database, a bug) raise, and then the run's failure handling and
-the sweeps make the rows due again (invariant 3).
+infrastructure faults (the database, a bug) raise, and then whatever the batch holds is handed
+back first: every request in flight is waited for and its outcome recorded, a lease that was
+never sent is recorded as not sent, and every permit is returned. A statement that meets a lock
+or a timeout is retried (media_hooks.db.retrying); outcomes keep being retried for as long as
+their leases hold. Outcomes the database refuses outright raise OutcomesNotRecorded, which must
+not be retried (retrying the step would leave them to lease expiry and hide the failure).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import (
     ALL_COMPLETED,
     FIRST_COMPLETED,
@@ -25,17 +38,31 @@ from concurrent.futures import (
     wait,
 )
 from dataclasses import asdict, dataclass, fields
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
+from typing import TypeVar
 
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from media_hooks import affinity, backoff, crashpoints, leases, outcomes, rate_limits
+from media_hooks import (
+    affinity,
+    backoff,
+    crashpoints,
+    db,
+    destinations,
+    leases,
+    outcomes,
+    rate_limits,
+)
 from media_hooks.config import Settings
 from media_hooks.destinations import Destination, disable_destination, get_destination
 from media_hooks.leases import Lease, Message, Outcome
 from media_hooks.reconciler import Batch
 from media_hooks.sender import AttemptResult, Sender
+from media_hooks.signing import InvalidSecret
+
+log = logging.getLogger("media_hooks")
+T = TypeVar("T")
 
 # Margin a lease keeps beyond the longest a send can take, for recording the outcome.
 LEASE_MARGIN_SECONDS = 2.0
@@ -48,6 +75,31 @@ DEFAULT_PAGE_SIZE = 500
 RECORD_BATCH = 100
 RECORD_MAX_DELAY_SECONDS = 0.2
 GATHER_SECONDS = 0.002
+# A running batch reads its destination again at every page and at least this often.
+REFRESH_SECONDS = 5.0
+# Outcomes are retried until this long before the first of their leases ends.
+RECORD_DEADLINE_MARGIN_SECONDS = 5.0
+ALLOW_PRIVATE_SETTING = "MEDIA_HOOKS_ALLOW_PRIVATE_URLS=1"
+# No retry or pause is ever scheduled further out than the longest backoff cap allowed: a
+# destination changed under a running batch cannot make a due time overflow.
+LONGEST_DELAY_SECONDS = destinations.RANGES["backoff_cap_seconds"].high
+
+
+class OutcomesNotRecorded(Exception):
+    """Finished attempts whose outcomes the database would not record (not a passing lock or
+    timeout: those are retried while the leases hold). Retrying the batch would not record
+    them; their deliveries stay leased until their leases end, then are due again as
+    ambiguous (the sweep, or the run-failure release)."""
+
+    def __init__(self, delivery_ids: list[str], cause: BaseException) -> None:
+        shown = ", ".join(delivery_ids[:5]) + (", ..." if len(delivery_ids) > 5 else "")
+        first_line = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        super().__init__(
+            f"could not record the outcomes of {len(delivery_ids)} attempt(s) ({shown}): "
+            f"{first_line}; they stay leased until their leases end, then are due again as "
+            "ambiguous"
+        )
+        self.delivery_ids = delivery_ids
 
 
 @dataclass
@@ -60,6 +112,9 @@ class DeliveryCounts:
     dead: int = 0
     skipped: int = 0
     deferred: int = 0
+    # Attempts the SSRF guard refused at connect time: nothing sent, budget kept, destination
+    # disabled (a configuration fault).
+    guard_refused: int = 0
 
     def merge(self, other: DeliveryCounts) -> DeliveryCounts:
         return DeliveryCounts(
@@ -83,6 +138,14 @@ class DeliveryCounts:
         if outcome == outcomes.AMBIGUOUS:
             self.ambiguous += 1
 
+    def count_spared(self, configuration_fault: bool) -> None:
+        """Count an attempt that does not count against its delivery: nothing was sent (the
+        SSRF guard refused the address, or the batch stopped between lease and send)."""
+        if configuration_fault:
+            self.guard_refused += 1
+        else:
+            self.deferred += 1
+
 
 def tally(
     results: Iterable[tuple[str, DeliveryCounts]],
@@ -103,6 +166,12 @@ def lease_seconds_for(destination: Destination, sender: Sender, settings: Settin
     return max(settings.lease_seconds, sender.worst_case_seconds + LEASE_MARGIN_SECONDS)
 
 
+def bare_pause_seconds(destination: Destination) -> float:
+    """How long a 429 without Retry-After pauses the destination: its backoff base (never
+    beyond the longest delay the engine stores)."""
+    return min(destination.backoff_base_seconds, LONGEST_DELAY_SECONDS)
+
+
 def next_delay(lease: Lease, result: AttemptResult, destination: Destination) -> tuple[float, str]:
     """When to try again after this attempt, and why, in words an operator reads."""
     if result.outcome == outcomes.RATE_LIMITED:
@@ -110,17 +179,31 @@ def next_delay(lease: Lease, result: AttemptResult, destination: Destination) ->
             return result.retry_after_seconds, (
                 f"Retry-After {result.retry_after_seconds:.0f} s (HTTP {result.http_status})"
             )
-        delay = destination.backoff_base_seconds
+        delay = bare_pause_seconds(destination)
         return delay, f"rate limited (HTTP {result.http_status}, no Retry-After): {delay:.0f} s"
     delay = backoff.backoff_seconds(
         max(lease.budget_used, 1),
-        destination.backoff_base_seconds,
-        destination.backoff_cap_seconds,
+        min(destination.backoff_base_seconds, LONGEST_DELAY_SECONDS),
+        min(destination.backoff_cap_seconds, LONGEST_DELAY_SECONDS),
     )
     return delay, f"backoff {delay:.0f} s after attempt {lease.attempt_no} ({result.outcome})"
 
 
 def to_outcome(lease: Lease, result: AttemptResult, destination: Destination) -> Outcome:
+    if result.configuration_fault:
+        # Not the delivery's failure: it keeps its budget and waits for its destination.
+        return Outcome(
+            lease=lease,
+            outcome=result.outcome,
+            http_status=None,
+            error=result.error,
+            response_excerpt=None,
+            delay_seconds=0.0,
+            delay_reason=f"waiting: destination {destination.destination_id} is disabled "
+            "(configuration fault, see `media-hooks destination list`)",
+            finished_monotonic=result.finished_monotonic,
+            spare=True,
+        )
     delay, reason = next_delay(lease, result, destination)
     return Outcome(
         lease=lease,
@@ -130,9 +213,53 @@ def to_outcome(lease: Lease, result: AttemptResult, destination: Destination) ->
         response_excerpt=result.response_excerpt,
         delay_seconds=delay,
         delay_reason=reason,
-        started_at=result.started_at,
-        finished_at=result.finished_at,
+        finished_monotonic=result.finished_monotonic,
     )
+
+
+def not_sent(lease: Lease, why: BaseException) -> Outcome:
+    """A lease whose request was never started (the batch stopped between lease and send)."""
+    return Outcome(
+        lease=lease,
+        outcome=outcomes.RETRYABLE,
+        http_status=None,
+        error=f"not sent: the batch stopped first ({type(why).__name__}: {why})"[:500],
+        response_excerpt=None,
+        delay_seconds=0.0,
+        delay_reason="due again: its batch stopped before sending it",
+        finished_monotonic=time.monotonic(),
+        spare=True,
+    )
+
+
+def _send(sender: Sender, lease: Lease) -> AttemptResult:
+    """One request; a sender that raises (a bug) is an ambiguous attempt: the request may have
+    gone out, so it is retried with the same key and the attempt says why."""
+    try:
+        return sender.send(lease.delivery_id, lease.body)
+    except Exception as exc:
+        log.exception("sending %s failed", lease.delivery_id)
+        now = datetime.now(UTC)
+        return AttemptResult(
+            outcome=outcomes.AMBIGUOUS,
+            http_status=None,
+            error=f"sender failed: {type(exc).__name__}: {exc}"[:500],
+            response_excerpt=None,
+            retry_after_seconds=None,
+            disable_destination=False,
+            started_at=now,
+            finished_at=now,
+            request_sent=True,
+        )
+
+
+def _configuration_reason(result: AttemptResult) -> str:
+    """A destination's disabled reason for an address the SSRF guard refused: which address,
+    and which setting allows it."""
+    reason = f"configuration: {result.error} (at connect time"
+    if ALLOW_PRIVATE_SETTING not in (result.error or ""):
+        reason += f"; {ALLOW_PRIVATE_SETTING} in the workers' environment allows private addresses"
+    return reason + "); enable it once the URL or the setting is fixed"
 
 
 class _BatchWorker:
@@ -143,8 +270,6 @@ class _BatchWorker:
         conn: psycopg.Connection,
         run_id: str,
         batch: Batch,
-        destination: Destination,
-        sender: Sender,
         settings: Settings,
         *,
         page_size: int,
@@ -153,31 +278,98 @@ class _BatchWorker:
         self.conn = conn
         self.run_id = run_id
         self.batch = batch
-        self.destination = destination
-        self.sender = sender
+        self.settings = settings
         self.page_size = page_size
         self.max_wait_seconds = max_wait_seconds
-        self.lease_seconds = lease_seconds_for(destination, sender, settings)
         # Every batch of a run holds its permits under the run's id, so the run's failure
         # handling can free them at once (sweeps.release_run) instead of waiting out the holds.
         self.holder = run_id
         self.counts = DeliveryCounts()
+        # The destination as last read, and what sends to it (_refresh_destination).
+        self.destination: Destination | None = None
+        self.sender: Sender | None = None
+        self.executor: ThreadPoolExecutor | None = None
+        self.threads = 0
+        self.lease_seconds = settings.lease_seconds
+        self.refreshed_at = 0.0
+        # Senders and thread pools replaced by a changed destination; closed at the end.
+        self.retired: list[Sender | ThreadPoolExecutor] = []
         self.waiting: deque[Message] = deque()
         self.after_message_id = ""
         self.pages_exhausted = False
+        # Leases taken and not yet handed to a sender; requests in flight, with their slot; and
+        # when each lease ends (monotonic): its outcome is retried until shortly before.
+        self.unsent: list[tuple[Lease, int]] = []
         self.in_flight: dict[Future, tuple[Lease, int]] = {}
-        # Finished requests whose outcomes are not recorded yet, and since when; and the
-        # permits of finished requests, handed back with the next ask.
-        self.finished: list[tuple[Lease, AttemptResult]] = []
-        self.finished_since: float | None = None
+        self.lease_ends: dict[str, float] = {}
+        # Finished attempts whose outcomes are not recorded yet, with their answers (None for a
+        # lease never sent); and the permits of finished requests, handed back with the next ask.
+        self.finished: list[tuple[Outcome, AttemptResult | None]] = []
         self.returned_slots: list[int] = []
         self.wait_started: float | None = None
+        # Set when the database refused the outcomes outright: not tried again on the way out.
+        self.record_refused = False
+        # Why this batch sends nothing more (it disabled its destination), once it does not.
+        self.stopped: str | None = None
+
+    def _db(self, what: str, action: Callable[..., T], *args, **kwargs) -> T:
+        return db.retrying(what, lambda: action(self.conn, *args, **kwargs))
+
+    # The destination -----------------------------------------------------------------------
+
+    def _refresh_destination(self) -> None:
+        """Read the destination again and apply what changed: a new URL, secrets, timeout or
+        in-flight limit gets a new sender (requests in flight finish on the old one); settings
+        the engine cannot honour disable it. Grants read the rest (enabled, pause, rates)."""
+        current = self._db("read destination", get_destination, self.batch.destination_id)
+        self.refreshed_at = time.monotonic()
+        previous, self.destination = self.destination, current
+        problem = destinations.out_of_range(current)
+        if problem is not None:
+            self._disable(problem)
+            return
+        if self.stopped is not None:
+            return
+        if previous is not None and self.sender is not None and _same_sending(previous, current):
+            return
+        try:
+            sender = Sender(
+                current.url,
+                current.secrets,
+                current.timeout_seconds,
+                self.settings.allow_private_urls,
+                current.max_in_flight,
+            )
+        except InvalidSecret as exc:
+            self._disable(f"configuration: a stored secret is unusable ({exc})")
+            return
+        if self.sender is not None:
+            self.retired.append(self.sender)
+        self.sender = sender
+        self.lease_seconds = lease_seconds_for(current, sender, self.settings)
+        if self.threads < current.max_in_flight:
+            if self.executor is not None:
+                self.retired.append(self.executor)  # its requests in flight finish there
+            self.threads = current.max_in_flight
+            self.executor = ThreadPoolExecutor(
+                max_workers=self.threads,
+                thread_name_prefix=f"send-{current.destination_id}"[:40],
+            )
+
+    def _disable(self, reason: str) -> None:
+        """The destination stops for every worker until an operator enables it (a 410, or a
+        configuration fault); this batch sends nothing more and hands the rest back."""
+        if self.destination is not None and self.destination.enabled:
+            log.warning("disabling destination %s: %s", self.batch.destination_id, reason)
+            self._db("disable destination", disable_destination, self.batch.destination_id, reason)
+        self.stopped = reason
 
     # The relay ---------------------------------------------------------------------------
 
     def _next_page(self) -> list[Message]:
-        page = leases.publish_page(
-            self.conn,
+        page = self._db(
+            "publish page",
+            leases.publish_page,
             run_id=self.batch.run_id,
             destination_id=self.batch.destination_id,
             after_message_id=self.after_message_id,
@@ -187,6 +379,7 @@ class _BatchWorker:
         if page:
             self.after_message_id = page[-1].message_id
             crashpoints.hit(crashpoints.AFTER_PUBLISH)
+            self._refresh_destination()
         else:
             self.pages_exhausted = True
         return page
@@ -197,32 +390,48 @@ class _BatchWorker:
 
     # Sending -----------------------------------------------------------------------------
 
-    def _step(self, executor: ThreadPoolExecutor) -> rate_limits.Grant:
-        """Take permits and lease that many waiting messages (one round trip), and send them."""
+    def _step(self) -> tuple[rate_limits.Grant, int]:
+        """Take permits and lease that many waiting messages (one round trip), and send them.
+        Returns the grant and how many waiting messages it used up."""
         free = self.destination.max_in_flight - len(self.in_flight)
         offered = [self.waiting[i] for i in range(min(free, len(self.waiting)))]
         if not offered:
-            return rate_limits.Grant()
+            return rate_limits.Grant(), 0
         returned, self.returned_slots = self.returned_slots, []
-        grant, taken = leases.lease_with_permits(
-            self.conn,
-            self.run_id,
-            self.destination.destination_id,
-            offered,
-            holder=self.holder,
-            lease_seconds=self.lease_seconds,
-            release_slots=returned,
-        )
-        for _ in range(grant.granted):
+        try:
+            step = self._db(
+                "lease with permits",
+                leases.lease_with_permits,
+                self.run_id,
+                self.destination.destination_id,
+                offered,
+                holder=self.holder,
+                lease_seconds=self.lease_seconds,
+                release_slots=returned,
+            )
+        except BaseException:
+            self.returned_slots = returned + self.returned_slots  # not handed back after all
+            raise
+        for _ in range(step.examined):
             self.waiting.popleft()
-        self.counts.skipped += grant.granted - len(taken)
-        self.returned_slots.extend(grant.slots[len(taken) :])
-        if taken:
+        self.counts.skipped += step.examined - len(step.leases)
+        ends = time.monotonic() + self.lease_seconds
+        self.unsent = list(zip(step.leases, step.grant.slots, strict=True))
+        for lease in step.leases:
+            self.lease_ends[lease.delivery_id] = ends
+        if self.unsent:
             crashpoints.hit(crashpoints.AFTER_LEASE_BEFORE_REQUEST)
-        for lease, slot in zip(taken, grant.slots, strict=False):
-            future = executor.submit(self.sender.send, lease.delivery_id, lease.body)
+        while self.unsent:
+            lease, slot = self.unsent[0]
+            future = self.executor.submit(_send, self.sender, lease)
             self.in_flight[future] = (lease, slot)
-        return grant
+            self.unsent.pop(0)
+        return step.grant, step.examined
+
+    def _take(self, future: Future, lease: Lease, slot: int) -> None:
+        result = future.result()
+        self.finished.append((to_outcome(lease, result, self.destination), result))
+        self.returned_slots.append(slot)
 
     def _collect(self, timeout: float | None) -> None:
         """Wait for at least one request to finish (or ``timeout``) and take what finished.
@@ -237,13 +446,12 @@ class _BatchWorker:
             more, _ = wait(pending, timeout=GATHER_SECONDS, return_when=ALL_COMPLETED)
             done |= more
         for future in done:
-            lease, slot = self.in_flight.pop(future)
-            self.finished.append((lease, future.result()))
-            self.returned_slots.append(slot)
-        if done and self.finished_since is None:
-            self.finished_since = time.monotonic()
+            self._take(future, *self.in_flight.pop(future))
         if self._record_due():
             self._record()
+
+    def _oldest_unrecorded(self) -> float:
+        return min(outcome.finished_monotonic for outcome, _ in self.finished)
 
     def _record_due(self) -> bool:
         if not self.finished:
@@ -251,62 +459,105 @@ class _BatchWorker:
         idle = not self.in_flight and not self.waiting and self.pages_exhausted
         if idle or len(self.finished) >= RECORD_BATCH:
             return True
-        # A destination's signal (429, 410) acts at once; no outcome waits long unrecorded.
+        # A destination's signal (429, 410, a refused address) acts at once; no outcome waits
+        # long unrecorded.
         signal = any(
-            r.outcome == outcomes.RATE_LIMITED or r.disable_destination for _, r in self.finished
+            r is not None
+            and (
+                r.outcome == outcomes.RATE_LIMITED or r.disable_destination or r.configuration_fault
+            )
+            for _, r in self.finished
         )
-        return signal or time.monotonic() - self.finished_since >= RECORD_MAX_DELAY_SECONDS
+        return signal or time.monotonic() - self._oldest_unrecorded() >= RECORD_MAX_DELAY_SECONDS
+
+    def _wait_bound(self, grant: rate_limits.Grant) -> float | None:
+        """How long to wait for a request to finish: until a permit is worth asking for, and
+        never past the moment the oldest unrecorded outcome is due to be recorded."""
+        bounds = []
+        if self.waiting and grant.reason:
+            bounds.append(grant.retry_in)
+        if self.finished:
+            due = self._oldest_unrecorded() + RECORD_MAX_DELAY_SECONDS - time.monotonic()
+            bounds.append(max(due, 0.0))
+        return min(bounds) if bounds else None
 
     def _record(self) -> None:
-        finished, self.finished, self.finished_since = self.finished, [], None
         crashpoints.hit(crashpoints.AFTER_RESPONSE_BEFORE_RECORD)
-        recorded = leases.record(
-            self.conn, [to_outcome(lease, result, self.destination) for lease, result in finished]
+        finished = self.finished
+        batch = [outcome for outcome, _ in finished]
+        deadline = (
+            min(self.lease_ends[o.lease.delivery_id] for o in batch)
+            - RECORD_DEADLINE_MARGIN_SECONDS
         )
-        for lease, result in finished:
-            state = recorded.get(lease.delivery_id)
+        try:
+            recorded = db.retrying(
+                "record outcomes", lambda: leases.record(self.conn, batch), until=deadline
+            )
+        except (psycopg.Error, db.DatabaseBusy) as exc:
+            self.record_refused = True
+            raise OutcomesNotRecorded([o.lease.delivery_id for o in batch], exc) from exc
+        self.finished = []
+        for outcome, result in finished:
+            self.lease_ends.pop(outcome.lease.delivery_id, None)
+            state = recorded.get(outcome.lease.delivery_id)
             if state is None:
                 self.counts.skipped += 1  # our lease expired and someone else owns it now
+            elif outcome.spare:
+                self.counts.count_spared(result is not None and result.configuration_fault)
             else:
-                self.counts.count(result.outcome, state)
-        self._apply_destination_signals([result for _, result in finished])
+                self.counts.count(outcome.outcome, state)
+        self._apply_destination_signals([r for _, r in finished if r is not None])
 
     def _return_slots(self) -> None:
         if self.returned_slots:
-            rate_limits.release(
-                self.conn, self.destination.destination_id, self.returned_slots, self.holder
+            self._db(
+                "return permits",
+                rate_limits.release,
+                self.batch.destination_id,
+                self.returned_slots,
+                self.holder,
             )
             self.returned_slots = []
 
     def _apply_destination_signals(self, results: list[AttemptResult]) -> None:
-        """A 429 / 503 + Retry-After pauses the destination; a 410 disables it."""
+        """A 429 / 503 + Retry-After pauses the destination; a 410 disables it, and so does an
+        address the SSRF guard refused (a configuration fault)."""
         pauses = [r for r in results if r.outcome == outcomes.RATE_LIMITED]
         if pauses:
             longest = max(pauses, key=lambda r: r.retry_after_seconds or 0.0)
             seconds = longest.retry_after_seconds
-            why = f"HTTP {longest.http_status} with Retry-After {seconds:.0f} s"
             if seconds is None:
-                seconds = self.destination.backoff_base_seconds
+                seconds = bare_pause_seconds(self.destination)
                 why = f"HTTP {longest.http_status} without Retry-After: {seconds:.0f} s"
+            else:
+                why = f"HTTP {longest.http_status} with Retry-After {seconds:.0f} s"
             if seconds > 0:
-                rate_limits.pause_destination(
-                    self.conn, self.destination.destination_id, seconds, why
+                self._db(
+                    "pause destination",
+                    rate_limits.pause_destination,
+                    self.batch.destination_id,
+                    seconds,
+                    why,
                 )
         gone = next((r for r in results if r.disable_destination), None)
         if gone is not None:
-            disable_destination(
-                self.conn,
-                self.destination.destination_id,
-                f"receiver answered HTTP {gone.http_status} (Gone) at {gone.finished_at:%Y-%m-%d %H:%M:%S} UTC",
+            self._disable(
+                f"receiver answered HTTP {gone.http_status} (Gone) at "
+                f"{gone.finished_at:%Y-%m-%d %H:%M:%S} UTC"
             )
+        refused = next((r for r in results if r.configuration_fault), None)
+        if refused is not None:
+            self._disable(_configuration_reason(refused))
 
     # Deferring ---------------------------------------------------------------------------
 
-    def _defer_rest(self, grant: rate_limits.Grant) -> None:
-        """Hand every unsent message of the batch back to pending, due when worth trying."""
-        due_at = datetime.now(UTC) + timedelta(seconds=grant.retry_in)
-        reason = f"destination {self.destination.destination_id} {grant.reason or 'unavailable'}"
-        if grant.reason and grant.reason.startswith("paused"):
+    def _defer_rest(self, grant: rate_limits.Grant, why: str | None = None) -> None:
+        """Hand every unsent message of the batch back to pending, due when worth trying: at
+        the end of the destination's pause (as stored), or after the grant's wait."""
+        paused = bool(grant.reason and grant.reason.startswith("paused"))
+        delay = 0.0 if paused else grant.retry_in
+        reason = why or f"destination {self.batch.destination_id} {grant.reason or 'unavailable'}"
+        if paused:
             reason = f"waiting: destination {grant.reason}"
         while True:
             self._refill()
@@ -314,7 +565,7 @@ class _BatchWorker:
                 return
             chunk = list(self.waiting)
             self.waiting.clear()
-            self.counts.deferred += leases.defer(self.conn, chunk, due_at, reason)
+            self.counts.deferred += self._db("defer", leases.defer, chunk, delay, reason)
 
     # The loop ----------------------------------------------------------------------------
 
@@ -327,39 +578,92 @@ class _BatchWorker:
         return now + grant.retry_in > self.wait_started + self.max_wait_seconds
 
     def run(self) -> DeliveryCounts:
-        with ThreadPoolExecutor(
-            max_workers=self.destination.max_in_flight,
-            thread_name_prefix=f"send-{self.destination.destination_id}"[:40],
-        ) as executor:
-            try:
-                self._loop(executor)
-            finally:
-                # However the loop ended, what finished is recorded and no permit stays held.
-                if self.finished:
-                    self._record()
-            self._return_slots()
+        failure: BaseException | None = None
+        try:
+            self._refresh_destination()
+            self._loop()
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            self._settle(failure)
         return self.counts
 
-    def _loop(self, executor: ThreadPoolExecutor) -> None:
+    def _loop(self) -> None:
         while True:
+            if time.monotonic() - self.refreshed_at >= REFRESH_SECONDS:
+                self._refresh_destination()
             self._refill()
             if not self.waiting and not self.in_flight:
                 return
-            grant = self._step(executor)
-            if grant.granted:
+            if self.stopped is not None and not self.in_flight:
+                self._defer_rest(
+                    rate_limits.Grant(retry_in=rate_limits.DISABLED_POLL_SECONDS),
+                    f"waiting: destination {self.batch.destination_id} is disabled "
+                    f"({self.stopped})",
+                )
+                return
+            grant, used = self._step() if self.stopped is None else (rate_limits.Grant(), 0)
+            if used:
                 self.wait_started = None
                 continue
             if self.waiting and not self.in_flight and self._should_give_up(grant):
                 self._defer_rest(grant)
                 return
             if self.in_flight:
-                # Asking again only pays once something finishes or a permit is due.
-                timeout = grant.retry_in if self.waiting and grant.reason else None
-                self._collect(timeout=timeout)
+                # Asking again only pays once something finishes, a permit is due, or an
+                # outcome is due to be recorded.
+                self._collect(timeout=self._wait_bound(grant))
             else:
                 if self.finished:
                     self._record()  # nothing is in flight: record while waiting for a permit
                 time.sleep(max(grant.retry_in, 0.001))
+
+    # Handing back ------------------------------------------------------------------------
+
+    def _settle(self, failure: BaseException | None) -> None:
+        """However the batch ends: every request in flight is waited for and taken, a lease
+        never sent is recorded as not sent, every outcome is recorded (unless the database
+        refused them outright), every permit goes back, and senders and threads are closed.
+        After a failure, a further failure here is logged and the first one is raised."""
+        try:
+            try:
+                for lease, slot in self.unsent:
+                    self.finished.append((not_sent(lease, failure or RuntimeError()), None))
+                    self.returned_slots.append(slot)
+                self.unsent = []
+                for future, (lease, slot) in list(self.in_flight.items()):
+                    self._take(future, lease, slot)  # a send ends within its timeouts
+                self.in_flight.clear()
+                if self.finished and not self.record_refused:
+                    self._record()
+            finally:
+                self._return_slots()
+        except BaseException:
+            if failure is None:
+                raise
+            log.exception(
+                "batch %s of %s: handing back after %r failed too",
+                self.batch.first_message_id,
+                self.batch.destination_id,
+                failure,
+            )
+        finally:
+            for resource in [*self.retired, self.sender, self.executor]:
+                if isinstance(resource, ThreadPoolExecutor):
+                    resource.shutdown(wait=True)
+                elif resource is not None:
+                    resource.close()
+
+
+def _same_sending(before: Destination, after: Destination) -> bool:
+    """Whether a sender built for ``before`` still sends as ``after`` says."""
+    return (before.url, before.secrets, before.timeout_seconds, before.max_in_flight) == (
+        after.url,
+        after.secrets,
+        after.timeout_seconds,
+        after.max_in_flight,
+    )
 
 
 def deliver_batch(
@@ -378,28 +682,17 @@ def deliver_batch(
     """
     with (
         affinity.pinned(affinity.resolve(settings.delivery_cpu, batches=1)),
-        pool.connection() as conn,
+        db.borrow(pool, db.Role.WORKER, settings) as conn,
     ):
-        conn.autocommit = True
-        destination = get_destination(conn, batch.destination_id)
-        with Sender(
-            destination.url,
-            destination.secrets,
-            destination.timeout_seconds,
-            settings.allow_private_urls,
-            destination.max_in_flight,
-        ) as sender:
-            worker = _BatchWorker(
-                conn,
-                run_id,
-                batch,
-                destination,
-                sender,
-                settings,
-                page_size=page_size,
-                max_wait_seconds=max_wait_seconds,
-            )
-            return worker.run()
+        worker = _BatchWorker(
+            conn,
+            run_id,
+            batch,
+            settings,
+            page_size=page_size,
+            max_wait_seconds=max_wait_seconds,
+        )
+        return worker.run()
 
 
 def deliver_batches(

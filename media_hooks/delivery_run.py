@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from psycopg_pool import ConnectionPool
 
-from media_hooks import sweeps
+from media_hooks import db, sweeps
 from media_hooks.cohort import Cohort
 from media_hooks.config import Settings
 from media_hooks.delivery import DeliveryCounts, deliver_batches, tally
@@ -37,9 +37,9 @@ def deliver_due(
     batch_size: int = 1000,
     **delivery_options,
 ) -> RunReport:
-    with pool.connection() as conn:
-        conn.autocommit = True
+    with db.borrow(pool, db.Role.SWEEPS, settings) as conn:
         swept = sweeps.run_sweeps(conn, settings)
+    with db.borrow(pool, db.Role.RECONCILER, settings) as conn:
         claim = claim_due(conn, run_id, cohort or Cohort(), page_size=page_size, max_rows=max_rows)
         batches = plan_batches(conn, run_id, batch_size=batch_size)
     totals, by_destination = tally(

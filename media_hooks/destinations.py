@@ -35,7 +35,6 @@ from media_hooks.ssrf import ForbiddenAddress, check_url
 # timeout still has time to record its outcome before another worker may take the delivery.
 LEASE_MARGIN_SECONDS = 5.0
 SECRET_PREFIX = "whsec_"
-_MAX_INTEGER = 2**31 - 1  # the columns are PostgreSQL integers
 
 
 @dataclass(frozen=True)
@@ -120,23 +119,85 @@ def validate_url(url: str) -> None:
         raise UserError(f"url must name a host, got {url!r}")
 
 
-def _check_number(value: float | None, what: str, *, minimum: float, inclusive: bool) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise UserError(f"{what} must be a finite number, got {value!r}")
-    if (value < minimum) if inclusive else (value <= minimum):
-        relation = "at least" if inclusive else "greater than"
-        raise UserError(f"{what} must be {relation} {minimum:g}, got {value:g}")
+@dataclass(frozen=True)
+class Range:
+    """The values of one setting the engine can honour (README, "Destination settings")."""
+
+    what: str
+    low: float
+    high: float
+    unit: str = ""
+    whole: bool = False
+
+    def describe(self) -> str:
+        return f"{_show(self.low)} to {_show(self.high)}{self.unit}"
+
+    def problem(self, value: object) -> str | None:
+        """Why ``value`` is refused, or None."""
+        if self.whole:
+            if isinstance(value, bool) or not isinstance(value, int):
+                return f"{self.what} must be a whole number, got {value!r}"
+        elif (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
+            return f"{self.what} must be a finite number, got {value!r}"
+        if not self.low <= value <= self.high:
+            return (
+                f"{self.what} must be between {_show(self.low)} and {_show(self.high)}"
+                f"{self.unit}, got {_show(value)}"
+            )
+        return None
 
 
-def _check_integer(value: int | None, what: str, *, minimum: int) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise UserError(f"{what} must be a whole number, got {value!r}")
-    if not minimum <= value <= _MAX_INTEGER:
-        raise UserError(f"{what} must be between {minimum} and {_MAX_INTEGER}, got {value}")
+def _show(value: float) -> str:
+    """1000000 rather than 1e+06; 0.001 and 1e-300 as they are."""
+    if float(value).is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:g}"
+
+
+# Beyond these a setting breaks the engine (1e-300/s overflows the wait before a start; a
+# backoff of 1e300 s overflows the due time) or the machine (a thread per request in flight).
+RANGES = {
+    "rate_per_second": Range("rate", 0.001, 1_000_000, " per second"),
+    "burst": Range("burst", 1, 1_000_000, whole=True),
+    "max_in_flight": Range("max in flight", 1, 1000, whole=True),
+    "timeout_seconds": Range("timeout", 0.1, 600, " s"),
+    "max_attempts": Range("max attempts", 1, 1000, whole=True),
+    "backoff_base_seconds": Range("backoff base", 0.1, 86_400, " s"),
+    "backoff_cap_seconds": Range("backoff cap", 0.1, 2_592_000, " s"),
+    # Not set by `destination add`; checked on what is stored all the same.
+    "max_age_seconds": Range("maximum delivery age", 60, 31_536_000, " s"),
+}
+
+
+def _check_range(spec: DestinationSpec) -> None:
+    for name, allowed in RANGES.items():
+        value = getattr(spec, name, None)
+        problem = None if value is None else allowed.problem(value)
+        if problem:
+            raise UserError(problem)
+
+
+def out_of_range(destination: Destination) -> str | None:
+    """The stored settings the engine cannot honour (written before `destination add`
+    checked them, or by hand), in one line for the destination's disabled reason; or None."""
+    wrong = [
+        f"{allowed.what} {_show(getattr(destination, name))}{allowed.unit} "
+        f"(allowed {allowed.describe()})"
+        for name, allowed in RANGES.items()
+        if allowed.problem(getattr(destination, name))
+    ]
+    if not wrong:
+        return None
+    return (
+        "settings outside the range the engine can honour: "
+        + ", ".join(wrong)
+        + f"; fix them with `media-hooks destination add {destination.destination_id} ...`, "
+        "then enable it"
+    )
 
 
 def _check_timeout(timeout_seconds: float | None, settings: Settings) -> None:
@@ -163,14 +224,8 @@ def validate_spec(spec: DestinationSpec, settings: Settings) -> None:
     secrets = spec.secrets or ()
     for number, secret in enumerate(secrets, start=1):
         secret_key(secret, f"secret {number} of {len(secrets)}")
-    _check_number(spec.rate_per_second, "rate", minimum=0, inclusive=False)
-    _check_integer(spec.burst, "burst", minimum=1)
-    _check_integer(spec.max_in_flight, "max in flight", minimum=1)
-    _check_number(spec.timeout_seconds, "timeout", minimum=0, inclusive=False)
+    _check_range(spec)
     _check_timeout(spec.timeout_seconds, settings)
-    _check_integer(spec.max_attempts, "max attempts", minimum=1)
-    _check_number(spec.backoff_base_seconds, "backoff base", minimum=0, inclusive=False)
-    _check_number(spec.backoff_cap_seconds, "backoff cap", minimum=0, inclusive=False)
     _check_backoff(spec.backoff_base_seconds, spec.backoff_cap_seconds)
     try:
         check_url(spec.url, settings.allow_private_urls)

@@ -6,9 +6,9 @@ is ever held across an HTTP request (invariant 7).
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -36,7 +36,13 @@ class Lease:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one leased attempt came to, and when the delivery should be tried next."""
+    """What one leased attempt came to, and when the delivery should be tried next.
+
+    ``finished_monotonic`` is when the attempt ended on this process's monotonic clock: the
+    stored finish time is the database clock less how long ago that was. ``spare``: the attempt
+    does not count (a configuration fault, nothing sent): its retry budget is given back and the
+    delivery stays pending whatever its budget and age.
+    """
 
     lease: Lease
     outcome: str
@@ -45,8 +51,22 @@ class Outcome:
     response_excerpt: str | None
     delay_seconds: float
     delay_reason: str | None
-    started_at: datetime
-    finished_at: datetime
+    finished_monotonic: float
+    spare: bool = False
+
+
+@dataclass(frozen=True)
+class LeaseStep:
+    """What one lease-with-permits round trip did.
+
+    ``grant.slots`` holds one slot per lease, in the order of ``leases``; ``examined`` counts
+    the offered messages used up, leased or found no longer theirs to send (their permits were
+    refunded in the same statement); the first ``examined`` offered messages are done with.
+    """
+
+    grant: rate_limits.Grant
+    examined: int
+    leases: list[Lease]
 
 
 def publish_page(
@@ -111,15 +131,14 @@ def lease_with_permits(
     holder: str,
     lease_seconds: float,
     release_slots: list[int],
-) -> tuple[rate_limits.Grant, list[Lease]]:
-    """One round trip: return ``release_slots``, take up to ``len(offered)`` permits, and
-    lease that many of ``offered`` (the first ones). Permits the leases did not use (their
-    message was stale) come back in the grant beyond the leases' count."""
+) -> LeaseStep:
+    """One round trip: return ``release_slots``, take up to ``len(offered)`` permits, lease
+    that many of ``offered`` (the first ones), and refund the permits of those no longer
+    theirs to send (a stale dispatch spends no start token)."""
     rows = conn.execute(
         query("lease_with_permits"),
         {
             "destination_id": destination_id,
-            "want": len(offered),
             "holder": holder,
             "hold_seconds": lease_seconds,
             "slot_poll_seconds": rate_limits.SLOT_POLL_SECONDS,
@@ -131,13 +150,14 @@ def lease_with_permits(
         },
     ).fetchall()
     first = rows[0]
+    leased = [r for r in rows if r["delivery_id"] is not None]
     grant = rate_limits.Grant(
-        slots=list(first["slots"]),
+        slots=[r["slot"] for r in leased],
         retry_in=float(first["retry_in"]),
         reason=first["reason"],
         granted_at=first["granted_at"],
     )
-    return grant, [_lease(r) for r in rows if r["delivery_id"] is not None]
+    return LeaseStep(grant, first["examined"], [_lease(r) for r in leased])
 
 
 def record(conn: psycopg.Connection, outcomes: list[Outcome]) -> dict[str, str]:
@@ -156,10 +176,11 @@ def outcomes_document(outcomes: list[Outcome]) -> Jsonb:
     psycopg dumps a Python list element by element in Python: ten parallel arrays of 25
     outcomes took the worker 400 us a batch, one JSON document 120 us.
     """
-    return Jsonb([_as_json(o) for o in outcomes])
+    now = time.monotonic()
+    return Jsonb([_as_json(o, now) for o in outcomes])
 
 
-def _as_json(outcome: Outcome) -> dict[str, object]:
+def _as_json(outcome: Outcome, now: float) -> dict[str, object]:
     return {
         "delivery_id": outcome.lease.delivery_id,
         "lease_token": str(outcome.lease.lease_token),
@@ -169,13 +190,16 @@ def _as_json(outcome: Outcome) -> dict[str, object]:
         "excerpt": outcome.response_excerpt,
         "delay": outcome.delay_seconds,
         "delay_reason": outcome.delay_reason,
-        "started_at": outcome.started_at.isoformat(),
-        "finished_at": outcome.finished_at.isoformat(),
+        "finished_ago": now - outcome.finished_monotonic,
+        "spare": outcome.spare,
     }
 
 
-def defer(conn: psycopg.Connection, messages: list[Message], due_at: datetime, reason: str) -> int:
-    """Hand dispatched, unsent deliveries back to pending (no retry budget used)."""
+def defer(
+    conn: psycopg.Connection, messages: list[Message], delay_seconds: float, reason: str
+) -> int:
+    """Hand dispatched, unsent deliveries back to pending (no retry budget used), due after
+    ``delay_seconds`` on the database clock and not before their destination's pause ends."""
     if not messages:
         return 0
     rows = conn.execute(
@@ -183,7 +207,7 @@ def defer(conn: psycopg.Connection, messages: list[Message], due_at: datetime, r
         {
             "delivery_ids": [m.delivery_id for m in messages],
             "message_ids": [m.message_id for m in messages],
-            "due_at": due_at,
+            "delay_seconds": delay_seconds,
             "reason": reason,
         },
     ).fetchall()

@@ -6,15 +6,18 @@
 | 429 (Retry-After optional), 503 with Retry-After     | rate_limited   |
 | 408, 425, other 5xx                                  | retryable      |
 | connection refused, DNS failure, connect timeout,    | retryable      |
-| SSRF-forbidden peer, TLS handshake, proxy failure    |                |
+| TLS handshake, proxy failure                         |                |
+| SSRF-forbidden peer address                          | retryable, a configuration fault |
 | read timeout, connection lost after the request went | ambiguous      |
 | 410                                                  | rejected + disable the destination |
 | other 4xx, 3xx                                       | rejected       |
 
 Failures before any byte of the request left are ``retryable``: the receiver cannot have acted.
-A forbidden peer address is ``retryable`` rather than ``rejected``: the name resolved to a
-public address when the destination was added, so this is DNS changing under us (possibly
-back again); the retry budget still ends it, and the error text says why.
+A forbidden peer address is a configuration fault, not a delivery failure (CONTRACT.md,
+"Outcomes"): the destination's address is one this worker may not reach (it resolves to a
+private address, or the worker runs without the MEDIA_HOOKS_ALLOW_PRIVATE_URLS=1 it was added
+with). The attempt is recorded as ``retryable`` with the guard's words, and the worker disables
+the destination with them instead of spending the delivery's retry budget.
 Anything after the request may have reached the receiver is ``ambiguous``: it may have acted,
 so the retry reuses the same idempotency key and the attempt is recorded as such.
 """
@@ -22,6 +25,7 @@ so the retry reuses the same idempotency key and the attempt is recorded as such
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -67,6 +71,8 @@ class Failure:
     outcome: str
     request_sent: bool
     error: str
+    # The destination's configuration, not the delivery, is at fault (the SSRF guard).
+    configuration_fault: bool = False
 
 
 def parse_retry_after(
@@ -155,7 +161,10 @@ def classify_failure(exc: BaseException) -> Failure:
     causes = _causes(exc)
     forbidden = _first(causes, ForbiddenAddress)
     if forbidden is not None:
-        return Failure(RETRYABLE, False, f"refused by the SSRF guard: {forbidden}")
+        if _first(causes, (socket.gaierror, UnicodeError)):
+            # The guard could not resolve the name (before a request through a proxy).
+            return Failure(RETRYABLE, False, f"DNS failure: {forbidden}")
+        return Failure(RETRYABLE, False, f"refused by the SSRF guard: {forbidden}", True)
     if _first(causes, urllib3.exceptions.NameResolutionError):
         return Failure(RETRYABLE, False, f"DNS failure: {_innermost_text(causes)}")
     if isinstance(exc, requests.ConnectTimeout):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from media_hooks import crashpoints
+from media_hooks import crashpoints, db
 from media_hooks.cohort import Cohort
 from media_hooks.sqlfiles import query
 
@@ -36,12 +36,19 @@ class Batch:
 
 
 def claim_page(conn: psycopg.Connection, run_id: str, cohort: Cohort, page_size: int) -> Counter:
-    """Claim one page in one transaction; returns the rows claimed per destination."""
-    with conn.transaction():
-        rows = conn.execute(
-            query("claim_due_page"), {"run_id": run_id, "page_size": page_size, **cohort.params()}
-        ).fetchall()
-        crashpoints.hit(crashpoints.BEFORE_CLAIM_COMMIT)
+    """Claim one page in one transaction; returns the rows claimed per destination. A page
+    refused by a lock or a timeout is rolled back and claimed again (media_hooks.db)."""
+
+    def claim() -> list[dict]:
+        with conn.transaction():
+            rows = conn.execute(
+                query("claim_due_page"),
+                {"run_id": run_id, "page_size": page_size, **cohort.params()},
+            ).fetchall()
+            crashpoints.hit(crashpoints.BEFORE_CLAIM_COMMIT)
+        return rows
+
+    rows = db.retrying("claim a page", claim)
     crashpoints.hit(crashpoints.AFTER_OUTBOX_COMMIT)
     return Counter({row["destination_id"]: row["claimed"] for row in rows})
 
@@ -71,8 +78,13 @@ def claim_due(
 
 def plan_batches(conn: psycopg.Connection, run_id: str, *, batch_size: int = 1000) -> list[Batch]:
     """The run's outbox rows per destination, in ranges of at most ``batch_size`` messages."""
-    rows = conn.execute(query("plan_batches"), {"run_id": run_id, "batch_size": batch_size})
-    return [Batch(run_id=run_id, **row) for row in rows.fetchall()]
+    rows = db.retrying(
+        "plan batches",
+        lambda: conn.execute(
+            query("plan_batches"), {"run_id": run_id, "batch_size": batch_size}
+        ).fetchall(),
+    )
+    return [Batch(run_id=run_id, **row) for row in rows]
 
 
 def run_dispatched(conn: psycopg.Connection, run_id: str) -> bool:

@@ -1,10 +1,11 @@
 """Retention: terminal deliveries leave the hot tables; their identity stays as a tombstone.
 
 A terminal (``succeeded`` / ``dead``) delivery older than the retention window is deleted with
-its outbox and attempt rows, in bounded batches, each batch its own short transaction. A slim
-row of ``delivery_tombstone`` keeps its ``delivery_id`` for the longer duplicate window, so a
-re-emitted old event is recognised as already delivered rather than sent again. Pending and
-in-flight rows are never touched (invariant 3). No Dagster here.
+its outbox and attempt rows, in bounded batches, each batch its own short transaction. Its row
+of ``delivery_identity`` (written when it was emitted) becomes its tombstone and keeps the
+``delivery_id`` for the longer duplicate window, so a re-emitted old event is recognised as
+already delivered rather than sent again, even by an emit racing the purge (migration 0005).
+Pending and in-flight rows are never touched (invariant 3). No Dagster here.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from datetime import datetime
 
 import psycopg
 
+from media_hooks import db
 from media_hooks.errors import UserError
 from media_hooks.sqlfiles import query
 
@@ -78,9 +80,12 @@ def purge_terminal(
     totals = dict(deliveries=0, outbox_rows=0, attempts=0, tombstones_written=0)
     batches = 0
     while batches < max_batches:
-        row = conn.execute(
-            query("purge_terminal_batch"), {"cutoff": cutoff, "batch_size": batch_size}
-        ).fetchone()
+        row = db.retrying(
+            "purge a batch",
+            lambda: conn.execute(
+                query("purge_terminal_batch"), {"cutoff": cutoff, "batch_size": batch_size}
+            ).fetchone(),
+        )
         batches += 1
         totals["deliveries"] += row["deliveries"]
         totals["outbox_rows"] += row["outbox_rows"]
@@ -97,9 +102,14 @@ def expire_tombstones(
     """Forget purged delivery ids whose event was created before ``cutoff``."""
     expired = 0
     for _ in range(max_batches):
-        n = conn.execute(
-            query("expire_tombstones_batch"), {"cutoff": cutoff, "batch_size": batch_size}
-        ).rowcount
+        n = db.retrying(
+            "expire tombstones",
+            lambda: (
+                conn.execute(
+                    query("expire_tombstones_batch"), {"cutoff": cutoff, "batch_size": batch_size}
+                ).rowcount
+            ),
+        )
         expired += n
         if n < batch_size:
             break

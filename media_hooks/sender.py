@@ -27,7 +27,7 @@ import os
 import socket
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -61,6 +61,12 @@ class AttemptResult:
     finished_at: datetime
     # False only when nothing can have reached the receiver (refused, DNS, SSRF guard...).
     request_sent: bool
+    # The destination's configuration is at fault, not the delivery (the SSRF guard refused
+    # the address): the worker disables the destination and spares the delivery's budget.
+    configuration_fault: bool = False
+    # When the attempt ended on this process's monotonic clock (the database stores its finish
+    # time on its own clock, from how long ago this was).
+    finished_monotonic: float = field(default_factory=time.monotonic)
 
 
 class ForbiddenPeer(urllib3.exceptions.NewConnectionError, ssrf.ForbiddenAddress):
@@ -226,6 +232,7 @@ class Sender:
                 started_at=started_at,
                 finished_at=_now(),
                 request_sent=failure.request_sent,
+                configuration_fault=failure.configuration_fault,
             )
         crashpoints.hit(crashpoints.AFTER_RECEIVER_ACCEPTED)
         return self._answered(response, started_at, deadline)

@@ -1,7 +1,8 @@
 """Maintenance sweeps, each named, bounded and counted: their figures are evidence.
 
 Each can be called from a Dagster op, the CLI or a test. A sweep moves at most ``limit_rows``
-rows per statement and repeats until a statement comes back short.
+rows per statement and repeats until a statement comes back short. A statement refused by a
+lock or a timeout is retried (media_hooks.db.retrying).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from media_hooks import rate_limits
+from media_hooks import db, rate_limits
 from media_hooks.config import Settings
 from media_hooks.sqlfiles import query
 
@@ -25,10 +26,14 @@ class SweepFigures:
     breaker_disabled: int
 
 
+def _moved(conn: psycopg.Connection, name: str, params: dict[str, Any]) -> int:
+    return db.retrying(name, lambda: conn.execute(query(name), params).fetchone()["moved"])
+
+
 def _repeat(conn: psycopg.Connection, name: str, params: dict[str, Any]) -> int:
     moved_total = 0
     while True:
-        moved = conn.execute(query(name), {**params, "limit_rows": SWEEP_PAGE}).fetchone()["moved"]
+        moved = _moved(conn, name, {**params, "limit_rows": SWEEP_PAGE})
         moved_total += moved
         if moved < SWEEP_PAGE:
             return moved_total
@@ -45,20 +50,20 @@ def sweep_stale_enqueues(conn: psycopg.Connection, timeout_seconds: float) -> in
 def release_run(conn: psycopg.Connection, run_id: str) -> int:
     """A run known to have failed: its enqueued and leased rows become due again now, and
     the send permits its workers held are freed for the next run."""
-    moved = conn.execute(query("release_run"), {"run_id": run_id}).fetchone()["moved"]
-    rate_limits.release_holder(conn, run_id)
+    moved = _moved(conn, "release_run", {"run_id": run_id})
+    db.retrying("release the run's permits", lambda: rate_limits.release_holder(conn, run_id))
     return moved
 
 
 def trip_circuit_breakers(conn: psycopg.Connection, settings: Settings) -> list[dict[str, str]]:
-    rows = conn.execute(
-        query("trip_circuit_breakers"),
-        {
-            "stretch_seconds": settings.breaker_stretch_seconds,
-            "min_attempts": settings.breaker_min_attempts,
-        },
+    params = {
+        "stretch_seconds": settings.breaker_stretch_seconds,
+        "min_attempts": settings.breaker_min_attempts,
+    }
+    return db.retrying(
+        "trip_circuit_breakers",
+        lambda: conn.execute(query("trip_circuit_breakers"), params).fetchall(),
     )
-    return rows.fetchall()
 
 
 def run_sweeps(conn: psycopg.Connection, settings: Settings) -> SweepFigures:

@@ -34,13 +34,14 @@ def add_deliveries(
     due_seconds_ago: float = 1.0,
     age_seconds: float = 0.0,
 ) -> list[str]:
-    """``count`` deliveries ``<prefix>-<destination>-<n>`` in ``state`` (a leased one holds a
-    live lease), created ``age_seconds`` ago; pending ones became due ``due_seconds_ago``
-    (negative: due in the future). The prefix defaults to ``d`` for pending rows and to the
+    """``count`` deliveries ``<prefix>-<destination>-<n>`` in ``state``, each with its identity
+    row as emit writes it (a leased one holds a live lease), created ``age_seconds`` ago;
+    pending ones became due ``due_seconds_ago`` (negative: due in the future). The prefix defaults to ``d`` for pending rows and to the
     state's name for others. Each has asset ``asset-<n>`` unless ``asset_id`` is given."""
     prefix = f"{prefix or ('d' if state == 'pending' else state)}-{destination_id}"
     conn.execute(
         """
+        WITH inserted AS (
         INSERT INTO webhook_delivery
             (delivery_id, destination_id, asset_id, event_type, payload, body, state,
              next_attempt_at, lease_until, lease_token, created_at, updated_at)
@@ -57,6 +58,10 @@ def add_deliveries(
                now() - make_interval(secs => %(age)s),
                now() - make_interval(secs => %(age)s)
         FROM generate_series(1, %(count)s) AS g
+        RETURNING delivery_id
+        )
+        -- Every delivery has its identity, as emit records it (migration 0005).
+        INSERT INTO delivery_identity (delivery_id) SELECT delivery_id FROM inserted
         """,
         {
             "prefix": prefix,

@@ -5,7 +5,6 @@ status, inspect, requeue and metrics tests."""
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime, timedelta
 
 import psycopg
 
@@ -22,7 +21,6 @@ SHORT_LEASE = 0.2
 
 
 def _outcome(lease: Lease, outcome: str, status: int | None, error: str | None, delay: float):
-    now = datetime.now(UTC)
     return Outcome(
         lease=lease,
         outcome=outcome,
@@ -31,8 +29,7 @@ def _outcome(lease: Lease, outcome: str, status: int | None, error: str | None, 
         response_excerpt='{"ok": true}' if outcome == "success" else None,
         delay_seconds=delay,
         delay_reason=f"backoff {delay:.0f} s after attempt {lease.attempt_no} ({outcome})",
-        started_at=now - timedelta(milliseconds=50),
-        finished_at=now,
+        finished_monotonic=time.monotonic(),
     )
 
 

@@ -3,15 +3,29 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
+import threading
 from datetime import UTC, datetime
 
+import psycopg
 import pytest
 
+from media_hooks import figures, leases, rate_limits
 from media_hooks.cohort import Cohort
+from media_hooks.delivery import DeliveryCounts, deliver_batch
 from media_hooks.delivery_run import deliver_due
+from media_hooks.destinations import (
+    DestinationSpec,
+    disable_destination,
+    list_destinations,
+    upsert_destination,
+)
 from media_hooks.receiver import Receiver, Reply, by_attempt
+from media_hooks.reconciler import claim_due, plan_batches
 from media_hooks.requeue import requeue
+from media_hooks.sender import Sender
 from media_hooks_tests.factories import add_deliveries, add_destination, delivery, states
+from media_hooks_tests.interleaving import in_background, wait_for
 
 SECRET = "whsec_" + base64.b64encode(b"delivery-test-secret-0123456789").decode()
 
@@ -179,3 +193,331 @@ def test_in_flight_never_exceeds_the_destination_ceiling(conn, pool, settings):
         add_deliveries(conn, "cdn", 30)
         assert deliver_due(pool, "run-1", settings).totals.succeeded == 30
         assert receiver.max_in_flight == 3
+
+
+def _deliver_in_pages(conn, pool, settings, page_size: int) -> DeliveryCounts:
+    """Claim everything due for run-1 and deliver its one batch, the relay handing over pages
+    of ``page_size`` messages."""
+    claim_due(conn, "run-1", Cohort())
+    (batch,) = plan_batches(conn, "run-1")
+    return deliver_batch(pool, "run-1", batch, settings, page_size=page_size)
+
+
+def _open_attempts(conn) -> int:
+    return conn.execute(
+        "SELECT count(*) AS n FROM delivery_attempt WHERE finished_at IS NULL"
+    ).fetchone()["n"]
+
+
+def test_a_bare_429_is_recorded_deferred_and_spares_the_budget(conn, pool, settings):
+    """Hole 1: a 429 without Retry-After is an ordinary outcome, not a crashed batch."""
+    with Receiver(reply=Reply(status=429)) as receiver:
+        # The pause (the backoff base) outlasts what a run waits: the rest is handed back.
+        add_destination(conn, "cdn", url=receiver.url, max_in_flight=1, backoff_base_seconds=120)
+        add_deliveries(conn, "cdn", 3)
+
+        report = deliver_due(pool, "run-1", settings)
+
+        assert (report.totals.rate_limited, report.totals.deferred) == (1, 2)
+        assert receiver.request_count == 1
+        destination = conn.execute(
+            "SELECT extract(epoch FROM paused_until - now()) AS left, paused_reason "
+            "FROM webhook_destination"
+        ).fetchone()
+        assert 110 < destination["left"] <= 120
+        assert destination["paused_reason"] == "HTTP 429 without Retry-After: 120 s"
+        for row in conn.execute("SELECT * FROM webhook_delivery").fetchall():
+            assert (row["state"], row["budget_used"]) == ("pending", 0)
+        assert rate_limits.in_flight(conn, "cdn") == []
+        assert _open_attempts(conn) == 0
+
+
+def test_a_bare_503_is_an_ordinary_retryable_answer(conn, pool, settings):
+    """A 503 without Retry-After is "other 5xx": retried with backoff, budget spent, no pause."""
+    with Receiver(reply=Reply(status=503)) as receiver:
+        add_destination(conn, "cdn", url=receiver.url, max_in_flight=2)
+        add_deliveries(conn, "cdn", 2)
+        report = deliver_due(pool, "run-1", settings)
+        assert (report.totals.retried, report.totals.rate_limited) == (2, 0)
+        assert receiver.request_count == 2
+        assert conn.execute("SELECT paused_until FROM webhook_destination").fetchone() == {
+            "paused_until": None
+        }
+        for row in conn.execute("SELECT * FROM webhook_delivery").fetchall():
+            assert (row["state"], row["budget_used"], row["last_outcome"]) == (
+                "pending",
+                1,
+                "retryable",
+            )
+
+
+class Injected(RuntimeError):
+    pass
+
+
+def _fail_on_call(monkeypatch, owner, name: str, call: int) -> None:
+    """Make ``owner.name`` raise Injected on its ``call``-th call (once), as a fault would."""
+    original = getattr(owner, name)
+    calls = 0
+
+    def failing(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if calls == call:
+            raise Injected(f"injected at {name}")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, failing)
+
+
+# stage -> (module or class, function, the call that fails, receiver's answer)
+STAGES = {
+    "relay": (leases, "publish_page", 2, Reply()),
+    "lease": (leases, "lease_with_permits", 2, Reply()),
+    "record": (leases, "record", 1, Reply()),
+    "signals": (
+        rate_limits,
+        "pause_destination",
+        1,
+        Reply(status=429, headers={"Retry-After": "120"}),
+    ),
+    "defer": (leases, "defer", 1, Reply(status=429, headers={"Retry-After": "120"})),
+}
+
+
+@pytest.mark.parametrize("stage", list(STAGES))
+def test_an_exception_at_any_stage_hands_back_permits_and_leaves_no_lease_unrecorded(
+    conn, pool, settings, monkeypatch, stage
+):
+    """Item 1's rule: however a batch fails, its permits go back and every lease it took
+    is recorded (what finished with its real outcome); unsent rows stay discoverable."""
+    owner, name, call, reply = STAGES[stage]
+    with Receiver(reply=reply) as receiver:
+        add_destination(
+            conn, "cdn", url=receiver.url, max_in_flight=2, rate_per_second=1000, burst=100
+        )
+        ids = add_deliveries(conn, "cdn", 6)
+        _fail_on_call(monkeypatch, owner, name, call)
+
+        with pytest.raises(Injected):
+            _deliver_in_pages(conn, pool, settings, 2)
+
+        assert rate_limits.in_flight(conn, "cdn") == []
+        assert _open_attempts(conn) == 0
+        rows = conn.execute("SELECT delivery_id, state FROM webhook_delivery").fetchall()
+        assert {r["delivery_id"] for r in rows} == set(ids)
+        assert "leased" not in {r["state"] for r in rows}
+        # What was sent is recorded with the receiver's answer, not left to a lease expiry.
+        sent = {r.webhook_id for r in receiver.requests}
+        recorded = conn.execute("SELECT delivery_id, outcome FROM delivery_attempt").fetchall()
+        assert {r["delivery_id"] for r in recorded} == sent
+        expected = "success" if reply.status == 200 else "rate_limited"
+        assert {r["outcome"] for r in recorded} == {expected}
+
+
+def test_a_sender_that_raises_is_an_ambiguous_attempt_not_a_failed_batch(
+    conn, pool, settings, monkeypatch
+):
+    """The send stage: a bug in the sender may have sent the request; it is recorded as
+    ambiguous (same key next time) and the batch carries on."""
+    with Receiver() as receiver:
+        add_destination(conn, "cdn", url=receiver.url, max_in_flight=2)
+        add_deliveries(conn, "cdn", 4)
+        _fail_on_call(monkeypatch, Sender, "send", 1)
+
+        report = _deliver_in_pages(conn, pool, settings, 2)
+
+        assert (report.succeeded, report.ambiguous) == (3, 1)
+        failed = conn.execute(
+            "SELECT outcome, error FROM delivery_attempt WHERE outcome <> 'success'"
+        ).fetchone()
+        assert failed["outcome"] == "ambiguous"
+        assert "Injected: injected at send" in failed["error"]
+        assert rate_limits.in_flight(conn, "cdn") == []
+        assert _open_attempts(conn) == 0
+
+
+def _holding(hold_id: str):
+    """A receiver script that holds ``hold_id``'s first request until released; every other
+    request is answered 200 at once."""
+    arrived, release = threading.Event(), threading.Event()
+
+    def script(info):
+        if info.webhook_id == hold_id and info.seen_before == 0:
+            arrived.set()
+            release.wait(60)
+        return Reply()
+
+    return script, arrived, release
+
+
+def test_an_answered_delivery_is_recorded_while_a_slow_neighbour_is_in_flight(conn, pool, settings):
+    """Hole 5: an outcome waits at most the record delay, not for the slowest request."""
+    script, arrived, release = _holding("d-cdn-1")
+    with Receiver(script=script) as receiver:
+        add_destination(conn, "cdn", url=receiver.url, max_in_flight=2, timeout_seconds=30)
+        add_deliveries(conn, "cdn", 2)
+        with in_background(lambda: deliver_due(pool, "run-1", settings)) as run:
+            try:
+                wait_for(
+                    lambda: delivery(conn, "d-cdn-2")["state"] == "succeeded",
+                    "the answered delivery's outcome to be recorded",
+                    timeout=10,
+                )
+                assert arrived.is_set() and delivery(conn, "d-cdn-1")["state"] == "leased"
+            finally:
+                release.set()
+        assert run.result().totals.succeeded == 2
+
+
+def test_requeue_while_a_request_is_in_flight_causes_no_second_send(conn, pool, settings):
+    """Hole 4 with a real receiver: an operator's requeue during the request, then another
+    run, must not send the delivery again; the first worker's success is recorded."""
+    script, arrived, release = _holding("d-cdn-1")
+    with Receiver(script=script) as receiver:
+        add_destination(conn, "cdn", url=receiver.url, timeout_seconds=30)
+        add_deliveries(conn, "cdn", 1)
+        with in_background(lambda: deliver_due(pool, "run-1", settings)) as first:
+            try:
+                assert arrived.wait(10)
+                result = requeue(
+                    conn, Cohort(), states=("leased", "dead"), reason="r", requested_by="op"
+                )
+                second = deliver_due(pool, "run-2", settings)
+            finally:
+                release.set()
+        assert first.result().totals.succeeded == 1
+    assert receiver.requests_by_id == {"d-cdn-1": 1}
+    assert (second.claim.claimed, result.moved, result.in_flight) == (0, 0, 1)
+    assert delivery(conn, "d-cdn-1")["state"] == "succeeded"
+    assert [a["outcome"] for a in _attempts(conn, "d-cdn-1")] == ["success"]
+
+
+def _change_at_request(number: int, change) -> tuple:
+    """A script that calls ``change()`` while answering the ``number``-th request."""
+    seen = 0
+    lock = threading.Lock()
+
+    def script(info):
+        nonlocal seen
+        with lock:
+            seen += 1
+            current = seen
+        if current == number:
+            change()
+        return Reply()
+
+    return script
+
+
+NEW_SECRET = "whsec_" + base64.b64encode(b"rotated-secret-after-the-change").decode()
+
+
+def test_a_changed_url_and_secret_take_effect_at_the_next_page(conn, pool, settings, database_url):
+    """Hole 10: a running batch re-reads its destination at every page."""
+    with (
+        psycopg.connect(database_url, autocommit=True) as operator,
+        Receiver(secrets=[NEW_SECRET]) as new,
+    ):
+
+        def change():
+            spec = DestinationSpec("cdn", new.url, secrets=(NEW_SECRET,))
+            upsert_destination(operator, spec, settings)
+
+        with Receiver(secrets=[SECRET], script=_change_at_request(3, change)) as old:
+            add_destination(conn, "cdn", url=old.url, secrets=[SECRET], max_in_flight=1)
+            add_deliveries(conn, "cdn", 20)
+
+            report = _deliver_in_pages(conn, pool, settings, 5)
+
+        assert report.succeeded == 20
+        assert 3 <= old.request_count <= 5  # the rest of the page it was changed in, at most
+        assert new.request_count == 20 - old.request_count
+        assert all(r.verified for r in new.requests)
+
+
+def test_a_destination_disabled_mid_batch_stops_at_once(conn, pool, settings, database_url):
+    with psycopg.connect(database_url, autocommit=True) as operator:
+        script = _change_at_request(3, lambda: disable_destination(operator, "cdn", "maintenance"))
+        with Receiver(script=script) as receiver:
+            add_destination(conn, "cdn", url=receiver.url, max_in_flight=1)
+            add_deliveries(conn, "cdn", 10)
+            report = _deliver_in_pages(conn, pool, settings, 5)
+    assert receiver.request_count == 3
+    assert (report.succeeded, report.deferred) == (3, 7)
+    assert states(conn) == {"succeeded": 3, "pending": 7}
+
+
+def test_deferred_deliveries_are_due_when_the_pause_ends_on_the_database_clock(
+    conn, pool, settings
+):
+    """Hole 8: a deferral's due time is the pause's end as the database stored it, not an
+    application host's clock plus a duration."""
+    with Receiver(script=by_attempt(Reply(status=429, headers={"Retry-After": "120"}))) as receiver:
+        add_destination(conn, "cdn", url=receiver.url, max_in_flight=1)
+        add_deliveries(conn, "cdn", 3)
+        report = deliver_due(pool, "run-1", settings)
+    assert report.totals.deferred == 2
+    (paused_until,) = (
+        conn.execute("SELECT paused_until FROM webhook_destination").fetchone().values()
+    )
+    deferred = conn.execute(
+        "SELECT next_attempt_at FROM webhook_delivery WHERE attempt_count = 0"
+    ).fetchall()
+    assert [r["next_attempt_at"] for r in deferred] == [paused_until, paused_until]
+
+
+def test_an_address_refused_at_connect_time_disables_the_destination_not_the_deliveries(
+    conn, pool, settings
+):
+    """Issue 11's configuration fault: the SSRF guard refusing the connected address is not a
+    delivery failure. The destination is disabled saying which address and which setting
+    allows it; the attempt is recorded, the deliveries stay pending with their budget."""
+    guarded = dataclasses.replace(settings, allow_private_urls=False)
+    with Receiver() as receiver:
+        add_destination(conn, "cdn", url=receiver.url, max_in_flight=1, max_attempts=1)
+        add_deliveries(conn, "cdn", 3)
+
+        report = deliver_due(pool, "run-1", guarded)
+
+        assert receiver.request_count == 0
+    for row in conn.execute("SELECT * FROM webhook_delivery").fetchall():
+        assert (row["state"], row["budget_used"]) == ("pending", 0)
+    assert (report.totals.guard_refused, report.totals.deferred, report.totals.dead) == (1, 2, 0)
+    (attempt,) = conn.execute("SELECT outcome, error FROM delivery_attempt").fetchall()
+    assert attempt["outcome"] == "retryable" and "SSRF guard" in attempt["error"]
+    (listed,) = list_destinations(conn)
+    assert listed["state"] == "disabled"
+    assert "127.0.0.1" in listed["disabled_reason"]
+    assert "MEDIA_HOOKS_ALLOW_PRIVATE_URLS=1" in listed["disabled_reason"]
+    (flag,) = figures.measure(conn).disabled
+    assert flag.disabled_reason == listed["disabled_reason"]
+    assert rate_limits.in_flight(conn, "cdn") == []
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        {"backoff_base_seconds": 1e300, "backoff_cap_seconds": 1e300},
+        {"rate_per_second": 1e-300},
+    ],
+    ids=["backoff", "rate"],
+)
+def test_settings_the_engine_cannot_honour_disable_the_destination_before_any_send(
+    conn, pool, settings, stored
+):
+    """Hole 9: a destination stored with values outside their documented ranges (before
+    `destination add` checked them) is a configuration fault found before any send."""
+    with Receiver(reply=Reply(status=500)) as receiver:
+        add_destination(conn, "cdn", url=receiver.url, **stored)
+        add_deliveries(conn, "cdn", 2)
+
+        report = deliver_due(pool, "run-1", settings)
+
+        assert receiver.request_count == 0
+    assert report.totals.deferred == 2
+    (listed,) = list_destinations(conn)
+    assert listed["state"] == "disabled"
+    assert "outside the range the engine can honour" in listed["disabled_reason"]
+    for row in conn.execute("SELECT * FROM webhook_delivery").fetchall():
+        assert (row["state"], row["budget_used"]) == ("pending", 0)

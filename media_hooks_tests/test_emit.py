@@ -27,6 +27,7 @@ from media_hooks.emit import (
     emit_many,
     parse_json,
     request_body,
+    rfc3339,
 )
 from media_hooks.errors import UserError
 from media_hooks.identifiers import validate_identifier
@@ -356,3 +357,23 @@ def test_an_endless_line_is_refused_by_number_after_a_bounded_read(conn, destina
         list(bounded_lines(stream, max_line_bytes=90))
     exact = io.BytesIO(b"y" * 64 + b"\n" + b"z" * 64)
     assert [len(line) for line in bounded_lines(exact, max_line_bytes=64)] == [65, 64]
+
+
+def test_emit_and_emit_many_stamp_the_database_clock_of_the_producers_transaction(
+    database_url, conn, destination
+):
+    """Hole 8: created_at, the due time and the body's timestamp are the database's now() of
+    the producer's transaction, to the microsecond, whatever the application host's clock."""
+    with psycopg.connect(database_url, row_factory=dict_row) as producer:
+        transaction_now = producer.execute("SELECT now() AS now").fetchone()["now"]
+        emit(producer, _event(1))
+        emit_many(producer, [_event(2), _event(3)])
+        producer.commit()
+    rows = _deliveries(conn)
+    assert len(rows) == 3
+    for row in rows:
+        assert row["created_at"] == transaction_now
+        assert row["next_attempt_at"] == row["budget_started_at"] == transaction_now
+        assert json.loads(bytes(row["body"]))["timestamp"] == rfc3339(transaction_now)
+        expected = request_body(row["event_type"], transaction_now, row["asset_id"], row["payload"])
+        assert bytes(row["body"]) == expected

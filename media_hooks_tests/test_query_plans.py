@@ -7,10 +7,10 @@ protocol may read a whole table of deliveries, dispatches or attempts.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 
 import psycopg
 import pytest
@@ -66,7 +66,7 @@ def _ids(n: int) -> list[str]:
 
 
 def _outcomes(leased: Iterable[tuple[str, uuid.UUID]]) -> dict:
-    now = datetime.now(UTC)
+    now = time.monotonic()
     return {
         "outcomes": outcomes_document(
             [
@@ -78,7 +78,6 @@ def _outcomes(leased: Iterable[tuple[str, uuid.UUID]]) -> dict:
                     None,
                     0.0,
                     None,
-                    now,
                     now,
                 )
                 for d, token in leased
@@ -107,7 +106,7 @@ STATEMENTS = {
     "defer_deliveries": lambda: {
         "delivery_ids": _ids(100),
         "message_ids": [f"{i}:1" for i in _ids(100)],
-        "due_at": datetime.now(UTC),
+        "delay_seconds": 0.0,
         "reason": "x",
     },
     "sweep_expired_leases": lambda: {"limit_rows": 1000},
@@ -125,12 +124,22 @@ def test_hot_statement_uses_indexes(loaded, name):
 
 
 def _delivery_indexes(plan: dict) -> set[str]:
-    """How each node reads webhook_delivery: index names, or 'Seq Scan'."""
+    """How each node reads webhook_delivery: index names, or 'Seq Scan'. A bitmap heap scan
+    reads by the indexes of its bitmap index scans."""
     found = set()
     if plan.get("Relation Name") == "webhook_delivery" and "Scan" in plan["Node Type"]:
+        if plan["Node Type"] == "Bitmap Heap Scan":
+            return _bitmap_indexes(plan)
         found.add(plan.get("Index Name") or plan["Node Type"])
     for child in plan.get("Plans", []):
         found |= _delivery_indexes(child)
+    return found
+
+
+def _bitmap_indexes(plan: dict) -> set[str]:
+    found = {plan["Index Name"]} if plan.get("Node Type") == "Bitmap Index Scan" else set()
+    for child in plan.get("Plans", []):
+        found |= _bitmap_indexes(child)
     return found
 
 
@@ -214,7 +223,13 @@ def _lease_indexes(conn: psycopg.Connection, offered: list[dict]) -> tuple[int, 
                 "message_ids": [r["current_message_id"] for r in offered],
             },
         ).fetchall()
-    nested = [p for p in plans if "WITH wanted AS" in p.get("Query Text", "")]
+    # The lease itself, and the ending of expired leases it runs when it could not lease all.
+    nested = [
+        p
+        for p in plans
+        if "WITH wanted AS" in p.get("Query Text", "")
+        or "WITH ending AS" in p.get("Query Text", "")
+    ]
     assert nested, [p.get("Query Text", "")[:80] for p in plans]
     return len(leased), {i for p in nested for i in _delivery_indexes(p["Plan"])}
 
@@ -227,6 +242,32 @@ def _enqueued(conn: psycopg.Connection) -> list[dict]:
 
 def test_the_lease_looks_deliveries_up_by_key_whatever_the_statistics_say(stale):
     assert _lease_indexes(stale, _enqueued(stale)) == (4, {"webhook_delivery_pkey"})
+
+
+def test_a_takeover_looks_deliveries_up_by_key_whatever_the_statistics_say(stale):
+    """A re-offered message whose lease expired: the lease ends it first (migration 0005)."""
+    leased = stale.execute(
+        "SELECT delivery_id, current_message_id FROM webhook_delivery WHERE state = 'leased' "
+        "ORDER BY delivery_id LIMIT 4"
+    ).fetchall()
+    with _explaining(stale) as plans:
+        stale.execute(
+            "UPDATE webhook_delivery SET lease_until = now() - interval '1 second' "
+            "WHERE delivery_id = ANY (%s)",
+            ([r["delivery_id"] for r in leased],),
+        )
+        taken = stale.execute(
+            query("lease_deliveries"),
+            {
+                "run_id": "run-2",
+                "lease_seconds": 90,
+                "delivery_ids": [r["delivery_id"] for r in leased],
+                "message_ids": [r["current_message_id"] for r in leased],
+            },
+        ).fetchall()
+    ending = [p for p in plans if "WITH ending AS" in p.get("Query Text", "")]
+    assert len(taken) == 4 and ending
+    assert {i for p in ending for i in _delivery_indexes(p["Plan"])} == {"webhook_delivery_pkey"}
 
 
 def test_a_lease_plan_made_while_the_table_was_empty_stays_a_key_lookup(server_url, template_name):

@@ -7,7 +7,9 @@ import pytest
 from media_hooks import retention
 from media_hooks.emit import Event, emit, emit_many
 from media_hooks.errors import UserError
+from media_hooks.sqlfiles import query
 from media_hooks_tests.factories import add_deliveries, add_destination
+from media_hooks_tests.interleaving import in_background, open_session, wait_until_blocked
 
 DAY = 86400
 
@@ -103,3 +105,84 @@ def test_a_purged_delivery_re_emitted_is_recognised_by_its_tombstone(conn):
     assert (counts.inserted, counts.already_present) == (1, 1)
     left = {r["delivery_id"] for r in conn.execute("SELECT delivery_id FROM webhook_delivery")}
     assert left == {"fresh-1"}
+
+
+def _terminal_and_old(conn, delivery_id: str) -> None:
+    conn.execute(
+        "UPDATE webhook_delivery SET state = 'succeeded', updated_at = now() - interval '40 days' "
+        "WHERE delivery_id = %s",
+        (delivery_id,),
+    )
+
+
+def _emit_one(conn, event: Event) -> int:
+    return int(emit(conn, event).inserted)
+
+
+def _emit_bulk(conn, event: Event) -> int:
+    return emit_many(conn, [event]).inserted
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["identity", "pre-0005 row"])
+@pytest.mark.parametrize("emit_path", [_emit_one, _emit_bulk], ids=["emit", "emit_many"])
+def test_an_emit_racing_the_purge_of_its_id_records_nothing(conn, database_url, emit_path, legacy):
+    """Hole 2, invariant 8: the purge (T1) turns the delivery into a tombstone; an emit of the
+    same id (T2) that starts before T1 commits must not record a second, live delivery once
+    T1 commits. Both emit paths, each interleaved at the purge's uncommitted statement; also
+    for a row recorded before identities existed (the purge writes its identity then)."""
+    add_destination(conn, "live", "http://127.0.0.1:9/live")
+    event = Event("live", "asset-1", "transcode.completed", {"n": 1}, delivery_id="race-1")
+    assert emit(conn, event).inserted
+    _terminal_and_old(conn, "race-1")
+    if legacy:
+        conn.execute("DELETE FROM delivery_identity WHERE delivery_id = 'race-1'")
+
+    with (
+        open_session(database_url) as purger,
+        open_session(database_url, autocommit=True) as producer,
+    ):
+        row = purger.execute(
+            query("purge_terminal_batch"), {"cutoff": _cutoff(conn), "batch_size": 10}
+        ).fetchone()
+        assert row["deliveries"] == 1  # T1 purged it and holds its transaction open
+        with in_background(lambda: emit_path(producer, event)) as emitted:
+            wait_until_blocked(conn, producer.info.backend_pid, emitted)
+            purger.commit()
+        assert emitted.result() == 0
+
+    assert _count(conn, "webhook_delivery") == 0
+    assert retention.is_tombstoned(conn, "race-1")
+
+
+@pytest.mark.parametrize("emit_path", [_emit_one, _emit_bulk], ids=["emit", "emit_many"])
+def test_a_purge_racing_an_uncommitted_emit_of_a_legacy_id_keeps_one_identity(
+    conn, database_url, emit_path
+):
+    """The other order, for a delivery recorded before its identity existed (a row written by
+    code older than migration 0005): T2's emit is open when T1 purges; whichever commits, the id
+    ends as exactly one thing, a tombstone, and no live row."""
+    add_destination(conn, "live", "http://127.0.0.1:9/live")
+    event = Event("live", "asset-1", "transcode.completed", {"n": 1}, delivery_id="race-2")
+    assert emit(conn, event).inserted
+    _terminal_and_old(conn, "race-2")
+    conn.execute("DELETE FROM delivery_identity WHERE delivery_id = 'race-2'")
+
+    with open_session(database_url) as producer, open_session(database_url) as purger:
+        assert emit_path(producer, event) == 0  # the live row is there: nothing recorded
+        with in_background(
+            lambda: purger.execute(
+                query("purge_terminal_batch"), {"cutoff": _cutoff(conn), "batch_size": 10}
+            ).fetchone()
+        ) as purged:
+            wait_until_blocked(conn, purger.info.backend_pid, purged)
+            producer.commit()
+        assert purged.result()["deliveries"] == 1
+        purger.commit()
+
+    assert _count(conn, "webhook_delivery") == 0
+    assert retention.is_tombstoned(conn, "race-2")
+    assert emit(conn, event).inserted is False
+
+
+def _cutoff(conn):
+    return conn.execute("SELECT now() - interval '30 days' AS cutoff").fetchone()["cutoff"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 
 import psycopg
@@ -15,7 +16,13 @@ from media_hooks.errors import UserError
 from media_hooks.leases import Message, Outcome
 from media_hooks.reconciler import claim_due
 from media_hooks.requeue import requeue
+from media_hooks.sqlfiles import query
 from media_hooks_tests.factories import add_deliveries, add_destination, delivery, states
+from media_hooks_tests.interleaving import (
+    in_background,
+    open_session,
+    wait_until_blocked,
+)
 
 
 def _messages(conn, run_id: str) -> list[Message]:
@@ -34,7 +41,6 @@ def _outcome(
     delay: float = 30.0,
     reason: str | None = "backoff",
 ) -> Outcome:
-    now = datetime.now(UTC)
     return Outcome(
         lease,
         outcome,
@@ -43,8 +49,7 @@ def _outcome(
         None,
         delay,
         reason,
-        now,
-        now,
+        time.monotonic(),
     )
 
 
@@ -238,10 +243,13 @@ def test_release_run_moves_exactly_that_runs_rows(conn):
 
 def test_defer_returns_unsent_deliveries_without_spending_budget(conn):
     messages = _dispatch(conn, count=2)
-    until = datetime(2100, 1, 1, tzinfo=UTC)
-    assert leases.defer(conn, messages, until, "destination paused until 2100 (429)") == 2
+    assert leases.defer(conn, messages, 3600, "destination rate: next start in an hour") == 2
     row = delivery(conn, messages[0].delivery_id)
-    assert (row["state"], row["next_attempt_at"], row["budget_used"]) == ("pending", until, 0)
+    assert (row["state"], row["budget_used"]) == ("pending", 0)
+    due_in = conn.execute(
+        "SELECT extract(epoch FROM next_attempt_at - now()) AS s FROM webhook_delivery LIMIT 1"
+    ).fetchone()["s"]
+    assert 3590 < due_in <= 3600
 
 
 def test_circuit_breaker_disables_a_destination_whose_every_attempt_failed(conn):
@@ -353,3 +361,229 @@ def test_a_lease_token_exists_only_while_leased(conn):
             (message.delivery_id,),
         )
     assert delivery(conn, message.delivery_id)["state"] == "leased"
+
+
+# Hole 3: an expired lease ends one way, whoever ends it -----------------------------------
+
+
+def _attempts(conn, delivery_id: str) -> list[dict]:
+    return conn.execute(
+        "SELECT attempt_no, lease_token, outcome, finished_at, error, retry_reason "
+        "FROM delivery_attempt WHERE delivery_id = %s ORDER BY attempt_no",
+        (delivery_id,),
+    ).fetchall()
+
+
+def _take_over(conn, message: Message, run_id: str = "run-2") -> list:
+    """A step retry offering the same message again: the worker's lease-with-permits path."""
+    return leases.lease_with_permits(
+        conn, run_id, "cdn", [message], holder=run_id, lease_seconds=90, release_slots=[]
+    ).leases
+
+
+def test_a_lease_takeover_closes_the_abandoned_attempt_as_ambiguous(conn):
+    (message,) = _dispatch(conn)
+    (first,) = leases.lease(conn, "run-1", [message], lease_seconds=90)
+    _expire(conn, message.delivery_id)
+
+    (second,) = _take_over(conn, message)
+
+    assert second.attempt_no == 2
+    abandoned, current = _attempts(conn, message.delivery_id)
+    assert abandoned["outcome"] == "ambiguous" and abandoned["finished_at"] is not None
+    assert "lease expired" in abandoned["error"]
+    assert abandoned["retry_reason"] == "lease expiry (taken over by run run-2)"
+    assert (current["outcome"], current["lease_token"]) == (None, second.lease_token)
+    row = delivery(conn, message.delivery_id)
+    assert (row["state"], row["last_outcome"]) == ("leased", "ambiguous")
+
+
+@pytest.mark.parametrize("rule", ["budget", "age"])
+def test_a_takeover_applies_the_budget_and_age_rules_like_the_sweep(conn, rule):
+    limits = {"max_attempts": 1} if rule == "budget" else {"max_age_seconds": 60}
+    (message,) = _dispatch(conn, **limits)
+    leases.lease(conn, "run-1", [message], lease_seconds=90)
+    _expire(conn, message.delivery_id)
+    if rule == "age":
+        conn.execute("UPDATE webhook_delivery SET budget_started_at = now() - interval '2 minutes'")
+
+    assert _take_over(conn, message) == []
+
+    row = delivery(conn, message.delivery_id)
+    assert row["state"] == "dead" and row["lease_token"] is None
+    assert row["wait_reason"].startswith(
+        "dead: retry budget spent" if rule == "budget" else "dead: older than the maximum"
+    )
+    (abandoned,) = _attempts(conn, message.delivery_id)
+    assert abandoned["outcome"] == "ambiguous"
+    # No permit is kept for a delivery that was not leased.
+    assert rate_limits.in_flight(conn, "cdn") == []
+
+
+def test_the_sweep_applies_the_age_rule_too(conn):
+    (message,) = _dispatch(conn, max_age_seconds=60)
+    leases.lease(conn, "run-1", [message], lease_seconds=90)
+    _expire(conn, message.delivery_id)
+    conn.execute("UPDATE webhook_delivery SET budget_started_at = now() - interval '2 minutes'")
+    assert sweeps.sweep_expired_leases(conn) == 1
+    assert delivery(conn, message.delivery_id)["state"] == "dead"
+
+
+def test_a_takeover_and_the_sweep_interleaved_close_the_attempt_once(conn, database_url):
+    """T1 takes the expired lease over and holds its transaction; the sweep (T2) runs meanwhile.
+    The sweep must not touch the row T1 holds, and T1's commit leaves attempt 1 closed as
+    ambiguous exactly once and attempt 2 open under T1's token."""
+    (message,) = _dispatch(conn)
+    leases.lease(conn, "run-1", [message], lease_seconds=90)
+    _expire(conn, message.delivery_id)
+
+    with open_session(database_url) as taker:
+        (second,) = leases.lease(taker, "run-2", [message], lease_seconds=90)
+        with open_session(database_url, autocommit=True) as sweeper:
+            assert sweeps.sweep_expired_leases(sweeper) == 0  # SKIP LOCKED: T1's row
+        taker.commit()
+
+    abandoned, current = _attempts(conn, message.delivery_id)
+    assert abandoned["outcome"] == "ambiguous"
+    assert current["outcome"] is None and current["lease_token"] == second.lease_token
+    assert delivery(conn, message.delivery_id)["lease_token"] == second.lease_token
+
+
+def test_a_sweep_and_a_takeover_interleaved_end_the_lease_once(conn, database_url):
+    """The other order: the sweep (T1) ended the expired lease and holds its transaction; a
+    takeover (T2) meanwhile leaves the row to T1 (it neither waits nor ends it again). Once T1
+    commits, the delivery is due and the next offer leases it: attempt 1 closed once."""
+    (message,) = _dispatch(conn)
+    leases.lease(conn, "run-1", [message], lease_seconds=90)
+    _expire(conn, message.delivery_id)
+
+    with (
+        open_session(database_url) as sweeper,
+        open_session(database_url, autocommit=True) as taker,
+    ):
+        assert sweeps.sweep_expired_leases(sweeper) == 1
+        with in_background(lambda: leases.lease(taker, "run-2", [message], 90)) as taken:
+            wait_until_blocked(conn, taker.info.backend_pid, taken)
+            sweeper.commit()
+        assert taken.result() == []
+        (second,) = leases.lease(taker, "run-2", [message], 90)
+
+    abandoned, current = _attempts(conn, message.delivery_id)
+    assert (abandoned["outcome"], abandoned["retry_reason"]) == ("ambiguous", "lease expiry")
+    assert current["lease_token"] == second.lease_token and current["outcome"] is None
+
+
+# Hole 4: requeue never makes an in-flight delivery sendable --------------------------------
+
+
+def test_requeue_leaves_a_delivery_in_flight_alone_and_says_so(conn):
+    (message,) = _dispatch(conn)
+    (lease,) = leases.lease(conn, "run-1", [message], lease_seconds=90)
+
+    preview = requeue(
+        conn, Cohort(), states=("leased", "dead"), reason="r", requested_by="me", dry_run=True
+    )
+    done = requeue(conn, Cohort(), states=("leased", "dead"), reason="r", requested_by="me")
+
+    row = delivery(conn, message.delivery_id)
+    assert (row["state"], row["lease_token"]) == ("leased", lease.lease_token)
+    for result in (preview, done):
+        assert (result.matched, result.in_flight, result.by_state) == (0, 1, {})
+    assert leases.record(conn, [_outcome(lease, "success", status=200)]) == {
+        message.delivery_id: "succeeded"
+    }
+
+
+def test_requeue_of_an_expired_lease_closes_its_attempt_and_dry_run_agrees(conn):
+    messages = _dispatch(conn, count=2)
+    taken = leases.lease(conn, "run-1", messages, lease_seconds=90)
+    _expire(conn, taken[0].delivery_id)
+
+    preview = requeue(
+        conn, Cohort(), states=("leased",), reason="stuck", requested_by="me", dry_run=True
+    )
+    done = requeue(conn, Cohort(), states=("leased",), reason="stuck", requested_by="me")
+
+    assert delivery(conn, taken[1].delivery_id)["state"] == "leased"
+    row = delivery(conn, taken[0].delivery_id)
+    assert (row["state"], row["budget_used"]) == ("pending", 0)
+    (attempt,) = _attempts(conn, taken[0].delivery_id)
+    assert attempt["outcome"] == "ambiguous" and attempt["finished_at"] is not None
+    for result in (preview, done):
+        assert (result.matched, result.in_flight, result.by_state) == (1, 1, {"leased": 1})
+    assert done.sample == [taken[0].delivery_id]
+
+
+def test_requeue_waiting_on_a_row_being_leased_leaves_the_new_lease_alone(conn, database_url):
+    """A worker (T1) leases an enqueued delivery and holds its transaction; a requeue of
+    enqueued and leased rows (T2) waits for the row, then must see the lease and skip it."""
+    (message,) = _dispatch(conn)
+    with open_session(database_url) as worker, open_session(database_url) as operator:
+        (lease,) = leases.lease(worker, "run-1", [message], lease_seconds=90)
+        with in_background(
+            lambda: requeue(
+                operator, Cohort(), states=("enqueued", "leased"), reason="r", requested_by="op"
+            )
+        ) as requeued:
+            wait_until_blocked(conn, operator.info.backend_pid)
+            worker.commit()
+        result = requeued.result()
+        operator.commit()
+
+    row = delivery(conn, message.delivery_id)
+    assert (row["state"], row["lease_token"]) == ("leased", lease.lease_token)
+    assert (result.moved, result.in_flight) == (0, 1)
+
+
+# Hole 6: a stale message spends no start token --------------------------------------------
+
+
+def _stale_and_current(conn) -> tuple[Message, Message]:
+    """One delivery dispatched twice: run-1's message is stale, run-2's is current."""
+    (old,) = _dispatch(conn, rate_per_second=0.01, burst=1, max_in_flight=4)
+    sweeps.release_run(conn, "run-1")
+    claim_due(conn, "run-2", Cohort())
+    (new,) = _messages(conn, "run-2")
+    return old, new
+
+
+def test_a_stale_message_spends_no_start_token(conn):
+    old, new = _stale_and_current(conn)
+    stale = leases.lease_with_permits(
+        conn, "run-1", "cdn", [old], holder="run-1", lease_seconds=90, release_slots=[]
+    )
+    assert (stale.leases, stale.examined) == ([], 1)
+    taken = leases.lease_with_permits(
+        conn, "run-2", "cdn", [new], holder="run-2", lease_seconds=90, release_slots=[]
+    ).leases
+    assert [lease.message_id for lease in taken] == [new.message_id]
+    # The stale offer kept no slot either: only run-2's lease holds one.
+    assert stale.grant.slots == []
+    assert [s["mine"] for s in rate_limits.in_flight(conn, "cdn", "run-2")] == [True]
+
+
+def test_a_message_made_stale_while_its_lease_waits_gives_its_token_back(conn, database_url):
+    """T1 re-dispatches the delivery and holds its transaction; the worker (T2) takes a permit
+    and waits on the row; when T1 commits, T2's message is stale: no lease, and the token and
+    slot T2 took are refunded in the same statement, so the live message goes out at once."""
+    (old,) = _dispatch(conn, rate_per_second=0.01, burst=1, max_in_flight=4)
+    with (
+        open_session(database_url) as dispatcher,
+        open_session(database_url, autocommit=True) as worker,
+    ):
+        dispatcher.execute(query("release_run"), {"run_id": "run-1"})
+        claim_due(dispatcher, "run-2", Cohort())
+        with in_background(
+            lambda: leases.lease_with_permits(
+                worker, "run-1", "cdn", [old], holder="run-1", lease_seconds=90, release_slots=[]
+            )
+        ) as stale:
+            wait_until_blocked(conn, worker.info.backend_pid)
+            dispatcher.commit()
+        assert stale.result().leases == []
+    (new,) = _messages(conn, "run-2")
+    taken = leases.lease_with_permits(
+        conn, "run-2", "cdn", [new], holder="run-2", lease_seconds=90, release_slots=[]
+    ).leases
+    assert [lease.delivery_id for lease in taken] == [new.delivery_id]
+    assert [s["slot_no"] for s in rate_limits.in_flight(conn, "cdn")] == [1]

@@ -127,7 +127,7 @@ def run_migrate(args: argparse.Namespace) -> int:
         statement_timeout_seconds=args.statement_timeout,
     )
     url = db.resolve_url(Settings.from_env())
-    with db.connect(url, autocommit=True) as conn:
+    with db.connect(url, autocommit=True, role=db.Role.MIGRATION) as conn:
         result = migrations.migrate(conn, policy=policy, report=_progress)
     if args.json:
         print_json(

@@ -60,7 +60,7 @@ def run_emit(args: argparse.Namespace) -> int:
     if args.file is not None:
         return _run_file(args)
     event = _single_event(args)
-    with db.connect(db.ready_url()) as conn:
+    with db.connect(db.ready_url(), role=db.Role.PRODUCER) as conn:
         result = emit.emit(conn, event)
     if args.json:
         print_json({"delivery_id": result.delivery_id, "inserted": result.inserted})
@@ -89,7 +89,7 @@ def _run_file(args: argparse.Namespace) -> int:
         head = _through_first_event(lines, args.file)
         url = db.ready_url()
         try:
-            with db.connect(url) as conn:
+            with db.connect(url, role=db.Role.PRODUCER) as conn:
                 counts = emit.emit_jsonl(conn, itertools.chain(head, lines))
         except psycopg.OperationalError as exc:
             raise RuntimeFailure(

@@ -89,6 +89,7 @@ def _document(result: RequeueResult, dry_run: bool) -> dict:
         "by_state": result.by_state,
         "requeue_id": result.requeue_id,
         "sample": result.sample,
+        "in_flight": result.in_flight,
     }
 
 
@@ -99,6 +100,11 @@ def _print(result: RequeueResult, dry_run: bool) -> None:
         print(f"requeued {result.moved} delivery(ies) (audit: requeue {result.requeue_id})")
     else:
         print("nothing matched; nothing changed")
+    if result.in_flight:
+        print(
+            f"{result.in_flight} in flight, left alone (a request may be on the wire; "
+            "requeue them once their outcome or lease expiry is recorded)"
+        )
     if result.by_state:
         print(table(["from state", "deliveries"], sorted(result.by_state.items())))
     if result.sample:

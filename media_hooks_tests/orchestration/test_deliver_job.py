@@ -173,3 +173,35 @@ def test_reexecution_from_failure_sends_no_succeeded_delivery_twice(
         assert sent.count(delivery_id) == 1, delivery_id
     # Only those the crash cut off between "accepted" and "recorded" went out again.
     assert len(sent) <= len(ids) + 2
+
+
+def test_a_failure_to_record_outcomes_fails_the_step_without_a_dagster_retry(
+    instance, database_url, conn, receiver
+):
+    """Hole 9: outcomes that cannot be recorded (here a database rule refuses them) are never
+    hidden behind a step retry; the failure names the deliveries and the cause."""
+    add_destination(conn, "only", receiver.url + "only")
+    add_deliveries(conn, "only", 2)
+    conn.execute(
+        """
+        CREATE FUNCTION refuse_outcomes() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'outcomes refused by a test rule'; END $$;
+        CREATE TRIGGER refuse_outcomes BEFORE UPDATE OF outcome ON delivery_attempt
+            FOR EACH ROW EXECUTE FUNCTION refuse_outcomes();
+        """
+    )
+
+    run = deliver(instance, database_url)
+
+    assert not run.success
+    assert receiver.effects == 2
+    retries = instance.get_records_for_run(
+        run.run_id, of_type=DagsterEventType.STEP_UP_FOR_RETRY
+    ).records
+    assert retries == []
+    (failure,) = instance.get_records_for_run(
+        run.run_id, of_type=DagsterEventType.STEP_FAILURE
+    ).records
+    message = failure.event_log_entry.dagster_event.step_failure_data.error.message
+    assert "could not record" in message and "outcomes refused by a test rule" in message
+    assert "d-only-1" in message

@@ -3,8 +3,9 @@
 
 -- name: demo_reset
 -- description: delete the demo's previous data, children first in one statement (foreign keys
---   are checked at its end): attempts, outbox rows, requeue items and tombstones of demo
---   deliveries, the deliveries, then the demo destinations (their limiter rows cascade).
+--   are checked at its end): attempts, outbox rows, requeue items, identities and tombstones of
+--   demo deliveries, the deliveries, then the demo destinations (their limiter rows cascade).
+--   Forgetting the identities lets a demo run record the same delivery ids again.
 --   Operator requeue headers stay: they may name other deliveries too.
 WITH doomed AS (
     SELECT d.delivery_id
@@ -23,9 +24,10 @@ requeue_items AS (
     DELETE FROM delivery_requeue_item AS i
     WHERE i.delivery_id IN (SELECT delivery_id FROM doomed)
 ),
-tombstones AS (
-    DELETE FROM delivery_tombstone AS t
-    WHERE starts_with(t.destination_id, %(prefix)s)
+identities AS (
+    DELETE FROM delivery_identity AS t
+    WHERE t.delivery_id IN (SELECT delivery_id FROM doomed)
+       OR starts_with(t.destination_id, %(prefix)s)
 ),
 deliveries AS (
     DELETE FROM webhook_delivery AS d

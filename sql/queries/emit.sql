@@ -3,27 +3,37 @@
 -- already recorded is left exactly as it is.
 
 -- name: emit_one
--- description: records one pending delivery unless its delivery_id exists; says whether the
--- destination is known and whether a row was written (an unknown destination writes nothing,
--- so a producer's transaction is never aborted by a foreign key error).
--- invariant 1: the delivery_id is its identity; a second emit of it records nothing, even
--- after retention purged the first (its tombstone remains).
+-- description: records one pending delivery unless its delivery_id was ever recorded; says
+-- whether the destination is known and whether a row was written (an unknown destination
+-- writes nothing, so a producer's transaction is never aborted by a foreign key error). The
+-- delivery is stamped with the database clock of the producer's transaction: created_at, the
+-- due time and the body's timestamp are one instant, now().
+-- invariants 1 and 8: the identity row is inserted first and the delivery only if that insert
+-- wrote it; a recorded, or purged and tombstoned, id conflicts on delivery_identity's key, which
+-- also makes a concurrent purge or emit of the same id wait and then decide (migration 0005).
 -- invariant 2: payload and body are written once here and never updated.
 WITH destination AS (
     SELECT destination_id
     FROM webhook_destination
     WHERE destination_id = %(destination_id)s
 ),
+identity AS (
+    INSERT INTO delivery_identity (delivery_id)
+    SELECT %(delivery_id)s FROM destination
+    ON CONFLICT (delivery_id) DO NOTHING
+    RETURNING delivery_id
+),
 inserted AS (
     INSERT INTO webhook_delivery
         (delivery_id, destination_id, asset_id, event_type, payload, body,
          created_at, updated_at, next_attempt_at, budget_started_at)
-    SELECT %(delivery_id)s, destination.destination_id, %(asset_id)s, %(event_type)s,
-           %(payload)s::jsonb, %(body)s::bytea,
-           %(created_at)s, %(created_at)s, %(created_at)s, %(created_at)s
-    FROM destination
-    -- A purged delivery's tombstone still holds its identity (retention, 0003).
-    WHERE NOT EXISTS (SELECT 1 FROM delivery_tombstone AS t WHERE t.delivery_id = %(delivery_id)s)
+    SELECT identity.delivery_id, destination.destination_id, %(asset_id)s, %(event_type)s,
+           %(payload)s::jsonb,
+           %(body_head)s::bytea || convert_to(media_hooks_rfc3339_v1(now()), 'UTF8')
+               || %(body_tail)s::bytea,
+           now(), now(), now(), now()
+    FROM identity CROSS JOIN destination
+    -- A row recorded by code older than 0005 has no identity row yet: it is kept as it is.
     ON CONFLICT (delivery_id) DO NOTHING
     RETURNING delivery_id
 )
@@ -33,7 +43,7 @@ SELECT EXISTS (SELECT 1 FROM destination) AS destination_known,
 -- name: emit_staging_create
 -- description: the session's staging table for a bulk emit (temporary: never logged, never
 -- seen by another session).
-CREATE TEMPORARY TABLE IF NOT EXISTS media_hooks_emit_staging (
+CREATE TEMPORARY TABLE IF NOT EXISTS media_hooks_emit_staging_v2 (
     ordinal         bigint NOT NULL,
     delivery_id     text NOT NULL,
     destination_id  text NOT NULL,
@@ -41,18 +51,20 @@ CREATE TEMPORARY TABLE IF NOT EXISTS media_hooks_emit_staging (
     event_type      text NOT NULL,
     -- Text, parsed into jsonb by the INSERT: binary COPY of jsonb would serialize it again.
     payload         text NOT NULL,
-    body            bytea NOT NULL
+    -- The request body before and after its timestamp, which the INSERT stamps.
+    body_head       bytea NOT NULL,
+    body_tail       bytea NOT NULL
 );
 
 -- name: emit_staging_clear
 -- description: empties the staging table before and after a bulk emit.
-TRUNCATE media_hooks_emit_staging;
+TRUNCATE media_hooks_emit_staging_v2;
 
 -- name: emit_staging_copy
 -- description: streams the validated events of a bulk emit into staging (binary: the bodies
 -- go as raw bytes, not hex).
-COPY media_hooks_emit_staging
-    (ordinal, delivery_id, destination_id, asset_id, event_type, payload, body)
+COPY media_hooks_emit_staging_v2
+    (ordinal, delivery_id, destination_id, asset_id, event_type, payload, body_head, body_tail)
 FROM STDIN (FORMAT binary);
 
 -- name: emit_staging_unknown_destination
@@ -60,7 +72,7 @@ FROM STDIN (FORMAT binary);
 SELECT staged.destination_id, staged.first_ordinal AS ordinal
 FROM (
     SELECT destination_id, min(ordinal) AS first_ordinal
-    FROM media_hooks_emit_staging
+    FROM media_hooks_emit_staging_v2
     GROUP BY destination_id
 ) AS staged
 WHERE NOT EXISTS (
@@ -70,32 +82,50 @@ ORDER BY staged.first_ordinal
 LIMIT 1;
 
 -- name: emit_staging_insert
--- description: records every staged delivery whose delivery_id is new, in one statement; a
--- delivery_id staged twice counts once (its first event wins). Returns the counts. Rows go in
--- delivery_id order: the primary key and the due index then fill leaf by leaf (a quarter less
--- server time than file order).
--- invariant 1: a delivery_id already recorded (or tombstoned) is left as it is and counted as
--- already present.
+-- description: records every staged delivery whose delivery_id was never recorded, in one
+-- statement; a delivery_id staged twice counts once (its first event wins). Returns the counts.
+-- Rows go in delivery_id order: the primary keys and the due index then fill leaf by leaf (a
+-- quarter less server time than file order). Every delivery is stamped with the database clock
+-- of the producer's transaction, like emit_one.
+-- invariants 1 and 8: an id already recorded is left alone (its live row conflicts), and so is
+-- a purged one (its tombstone is looked up, index delivery_identity_tombstone); each delivery
+-- written writes its identity row in the same statement, plainly. Every recorded id has an
+-- identity row, so an interleaving that slips past the look-up (a purge committing a tombstone
+-- this statement's snapshot predates, the delivery's row deleted under the insert's wait) ends
+-- in a unique violation on delivery_identity_pkey, never in a second delivery:
+-- media_hooks.emit then runs the statement again, and its new snapshot sees the tombstone.
+-- (Unlike emit_one, which inserts the identity first, this keeps the bulk path's cost per row
+-- close to what it was before identities: one look-up into the tombstones, one insert.)
 -- invariant 2: payload and body are written once here and never updated.
-WITH inserted AS (
+WITH clock AS (
+    SELECT now() AS now, convert_to(media_hooks_rfc3339_v1(now()), 'UTF8') AS stamp
+),
+inserted AS (
     INSERT INTO webhook_delivery
         (delivery_id, destination_id, asset_id, event_type, payload, body,
          created_at, updated_at, next_attempt_at, budget_started_at)
-    SELECT DISTINCT ON (delivery_id)
-           delivery_id, destination_id, asset_id, event_type, payload::jsonb, body,
-           %(created_at)s, %(created_at)s, %(created_at)s, %(created_at)s
-    FROM media_hooks_emit_staging AS staged
-    -- A purged delivery's tombstone still holds its identity (retention, 0003).
-    WHERE NOT EXISTS (SELECT 1 FROM delivery_tombstone AS t WHERE t.delivery_id = staged.delivery_id)
-    ORDER BY delivery_id, ordinal
+    SELECT DISTINCT ON (e.delivery_id)
+           e.delivery_id, e.destination_id, e.asset_id, e.event_type, e.payload::jsonb,
+           e.body_head || clock.stamp || e.body_tail,
+           clock.now, clock.now, clock.now, clock.now
+    FROM media_hooks_emit_staging_v2 AS e
+    CROSS JOIN clock
+    WHERE NOT EXISTS (SELECT 1 FROM delivery_identity AS i
+                      WHERE i.delivery_id = e.delivery_id AND i.final_state IS NOT NULL)
+    ORDER BY e.delivery_id, e.ordinal
     ON CONFLICT (delivery_id) DO NOTHING
+    RETURNING delivery_id
+),
+identity AS (
+    INSERT INTO delivery_identity (delivery_id)
+    SELECT delivery_id FROM inserted
     RETURNING 1
 ),
 inserted_count AS (
-    SELECT count(*) AS n FROM inserted
+    SELECT count(*) AS n FROM identity
 )
 SELECT inserted_count.n AS inserted,
-       (SELECT count(DISTINCT delivery_id) FROM media_hooks_emit_staging) - inserted_count.n
+       (SELECT count(DISTINCT delivery_id) FROM media_hooks_emit_staging_v2) - inserted_count.n
            AS already_present
 FROM inserted_count;
 
@@ -108,9 +138,9 @@ FROM inserted_count;
 -- are a producer's mistake, refused rather than silently collapsed to the first.
 WITH repeated AS (
     SELECT s.*
-    FROM media_hooks_emit_staging AS s
+    FROM media_hooks_emit_staging_v2 AS s
     WHERE s.delivery_id IN (
-        SELECT delivery_id FROM media_hooks_emit_staging GROUP BY delivery_id HAVING count(*) > 1
+        SELECT delivery_id FROM media_hooks_emit_staging_v2 GROUP BY delivery_id HAVING count(*) > 1
     )
 ),
 earliest AS (

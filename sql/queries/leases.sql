@@ -22,34 +22,27 @@ RETURNING o.message_id, o.delivery_id;
 
 -- name: lease_deliveries
 -- description: Lease published messages for one attempt each, only while the message is the
---   delivery's current dispatch, and open their attempt rows before any request is sent.
--- keeps: invariants 3, 4 and 5 (media_hooks_lease_v1, migration 0001).
+--   delivery's current dispatch, and open their attempt rows before any request is sent; an
+--   offered delivery whose lease expired is ended first, as the sweep ends it.
+-- keeps: invariants 3, 4, 5 and 9 (media_hooks_lease_v2, migration 0005).
 SELECT *
-FROM media_hooks_lease_v1(%(run_id)s, %(delivery_ids)s, %(message_ids)s, %(lease_seconds)s);
+FROM media_hooks_lease_v2(%(run_id)s, %(delivery_ids)s, %(message_ids)s, %(lease_seconds)s);
 
 -- name: lease_with_permits
--- description: The worker's step, in one round trip: hand back finished permits, take up to
---   want new ones from the destination's global limits, and lease as many of the offered
---   messages as permits were granted (the first ones). One row per lease, each carrying the
---   grant; a single row with empty lease columns when nothing was leased.
--- keeps: the rate limits (no lease without a permit, so no lease waits for one) and
---   invariants 3, 4 and 5 (media_hooks_lease_v1).
-WITH permit AS MATERIALIZED (
-    SELECT *
-    FROM media_hooks_acquire_permits_v1(
-        %(destination_id)s, %(want)s, %(holder)s, %(hold_seconds)s,
-        %(slot_poll_seconds)s, %(disabled_poll_seconds)s, %(release_slots)s)
-)
-SELECT permit.slots, permit.granted_at, permit.retry_in, permit.reason,
-       leased.delivery_id, leased.message_id, leased.lease_token, leased.attempt_no,
-       leased.budget_used, leased.body
-FROM permit
-LEFT JOIN LATERAL media_hooks_lease_v1(
-    %(run_id)s,
-    (%(delivery_ids)s::text[])[1:cardinality(permit.slots)],
-    (%(message_ids)s::text[])[1:cardinality(permit.slots)],
-    %(hold_seconds)s
-) AS leased ON true;
+-- description: The worker's step, in one round trip: hand back finished permits, take up to one
+--   new one per offered message from the destination's global limits, lease as many of the
+--   offered messages as permits were granted (the first ones), and refund at once the permits
+--   of offered messages that were no longer theirs to send. One row per lease with its slot;
+--   a single row with empty lease columns when nothing was leased. Every row carries how many
+--   offered messages were used up (leased or found stale) and when and why to ask again.
+-- keeps: the rate limits (no lease without a permit, no permit kept without a lease: a stale
+--   message spends no start token) and invariants 3, 4, 5 and 9
+--   (media_hooks_lease_with_permits_v1, migration 0005).
+SELECT *
+FROM media_hooks_lease_with_permits_v1(
+    %(destination_id)s, %(holder)s, %(hold_seconds)s, %(slot_poll_seconds)s,
+    %(disabled_poll_seconds)s, %(release_slots)s, %(run_id)s, %(delivery_ids)s,
+    %(message_ids)s);
 
 -- name: record_outcomes
 -- description: Record the outcomes of leased attempts and move each delivery to its next state
@@ -61,12 +54,18 @@ LEFT JOIN LATERAL media_hooks_lease_v1(
 -- lease_only_while_leased). Matching on the state as well would let the planner, whose
 -- statistics lag a backlog that just turned leased, scan every leased row of the destination
 -- for each outcome instead of looking each one up by its key.
+-- An outcome marked spare (a configuration fault: nothing was sent, the destination is being
+-- disabled) is recorded but does not count: it gives its unit of retry budget back and the
+-- budget and age rules do not apply to it; the delivery waits, pending, for its destination.
+-- Every stored time is the database's: the due time is now() plus the delay, and the attempt's
+-- finish is now() less how long ago the worker saw it finish (finished_ago, measured on the
+-- worker's monotonic clock), so an application host's wall clock is never stored.
 WITH result AS (
     SELECT *
     FROM jsonb_to_recordset(%(outcomes)s::jsonb)
          AS r(delivery_id text, lease_token uuid, outcome text, http_status integer, error text,
               excerpt text, delay double precision, delay_reason text,
-              started_at timestamptz, finished_at timestamptz)
+              finished_ago double precision, spare boolean)
 ),
 decided AS (
     SELECT r.*,
@@ -74,13 +73,15 @@ decided AS (
            CASE
                WHEN r.outcome = 'success' THEN 'succeeded'
                WHEN r.outcome = 'rejected' THEN 'dead'
-               WHEN now() >= d.budget_started_at + make_interval(secs => w.max_age_seconds) THEN 'dead'
+               WHEN r.spare THEN 'pending'
+               WHEN extract(epoch FROM now() - d.budget_started_at) >= w.max_age_seconds THEN 'dead'
                WHEN r.outcome <> 'rate_limited' AND d.budget_used >= w.max_attempts THEN 'dead'
                ELSE 'pending'
            END AS next_state,
            CASE
                WHEN r.outcome IN ('success', 'rejected') THEN NULL
-               WHEN now() >= d.budget_started_at + make_interval(secs => w.max_age_seconds)
+               WHEN r.spare THEN r.delay_reason
+               WHEN extract(epoch FROM now() - d.budget_started_at) >= w.max_age_seconds
                    THEN 'dead: older than the maximum delivery age (' || w.max_age_seconds || ' s)'
                WHEN r.outcome <> 'rate_limited' AND d.budget_used >= w.max_attempts
                    THEN 'dead: retry budget spent (' || w.max_attempts || ' attempts)'
@@ -98,8 +99,8 @@ moved AS (
         next_attempt_at = CASE WHEN decided.next_state = 'pending'
                                THEN now() + make_interval(secs => decided.delay)
                                ELSE d.next_attempt_at END,
-        -- A rate-limited attempt gives its unit of retry budget back.
-        budget_used = CASE WHEN decided.outcome = 'rate_limited'
+        -- A rate-limited or spared attempt gives its unit of retry budget back.
+        budget_used = CASE WHEN decided.outcome = 'rate_limited' OR decided.spare
                            THEN greatest(d.budget_used - 1, 0) ELSE d.budget_used END,
         lease_until = NULL,
         lease_token = NULL,
@@ -112,11 +113,12 @@ moved AS (
       AND d.lease_token = decided.lease_token
     RETURNING d.delivery_id, d.state, d.next_attempt_at, decided.attempt_no, decided.outcome,
               decided.http_status, decided.error, decided.excerpt, decided.reason,
-              decided.started_at, decided.finished_at
+              decided.finished_ago
 ),
 closed AS (
     UPDATE delivery_attempt AS a
-    SET finished_at = moved.finished_at,
+    SET finished_at = greatest(a.started_at,
+                               now() - make_interval(secs => greatest(moved.finished_ago, 0))),
         outcome = moved.outcome,
         http_status = moved.http_status,
         error = moved.error,
@@ -130,17 +132,20 @@ SELECT delivery_id, state
 FROM moved;
 
 -- name: defer_deliveries
--- description: Hand dispatched deliveries that cannot be sent in this run back to pending, due
---   at a given time, without using retry budget (their destination is paused or disabled, or
---   its rate limit leaves no room before the run must stop).
+-- description: Hand dispatched deliveries that cannot be sent in this run back to pending,
+--   without using retry budget (their destination is paused or disabled, or its rate limit
+--   leaves no room before the run must stop). Due after the given delay on the database clock,
+--   and never before the destination's pause ends (as stored: a pause is due at its end exactly).
 -- keeps: invariant 3 (nothing waits invisibly in enqueued), invariant 5.
 UPDATE webhook_delivery AS d
 SET state = 'pending',
-    next_attempt_at = greatest(%(due_at)s::timestamptz, now()),
+    next_attempt_at = greatest(now() + make_interval(secs => %(delay_seconds)s), w.paused_until),
     wait_reason = %(reason)s,
     updated_at = now()
-FROM unnest(%(delivery_ids)s::text[], %(message_ids)s::text[]) AS w(delivery_id, message_id)
-WHERE d.delivery_id = w.delivery_id
-  AND d.current_message_id = w.message_id
+FROM unnest(%(delivery_ids)s::text[], %(message_ids)s::text[]) AS offered(delivery_id, message_id),
+     webhook_destination AS w
+WHERE d.delivery_id = offered.delivery_id
+  AND d.current_message_id = offered.message_id
   AND d.state = 'enqueued'
+  AND w.destination_id = d.destination_id
 RETURNING d.delivery_id;

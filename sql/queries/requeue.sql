@@ -1,27 +1,55 @@
--- Operator requeue: same delivery_id, fresh retry budget, audited.
+-- Operator requeue: same delivery_id, fresh retry budget, audited. A delivery in flight (leased,
+-- its lease still running) is never requeued: its request may be on the wire, and making it
+-- sendable again would let another run send it a second time with no recorded reason
+-- (invariant 9). A lease that has expired is ended first, as the sweep ends it, and its
+-- delivery requeued like the rest.
 
 -- name: requeue_preview
--- description: What a requeue of this cohort would move, by state (changes nothing).
+-- description: What a requeue of this cohort would move, by state (changes nothing): the same
+--   selection as requeue_end_expired_leases and requeue_cohort together (an expired lease
+--   counts as leased; a lease still running is in flight, counted by requeue_in_flight).
 SELECT d.state, count(*)::integer AS matched,
        (array_agg(d.delivery_id ORDER BY d.updated_at DESC))[1:10] AS sample
 FROM webhook_delivery AS d
 WHERE d.state = ANY (%(states)s)
   AND d.state <> 'succeeded'
+  AND NOT (d.state = 'leased' AND d.lease_until >= now())
   AND media_hooks_in_cohort(d, %(destination_ids)s, %(event_types)s, %(asset_ids)s,
                             %(created_after)s, %(created_before)s)
 GROUP BY d.state;
 
+-- name: requeue_end_expired_leases
+-- description: The cohort's expired leases end before the requeue proper (when it takes leased
+--   deliveries): their open attempts are closed as ambiguous through media_hooks_end_leases_v1.
+--   Returns the deliveries ended; requeue_cohort moves them on.
+-- keeps: invariants 3, 4 and 9 (migration 0005).
+SELECT ended.delivery_id
+FROM media_hooks_end_leases_v1(
+    ARRAY(SELECT d.delivery_id
+          FROM webhook_delivery AS d
+          WHERE d.state = 'leased'
+            AND d.lease_until < now()
+            AND media_hooks_in_cohort(d, %(destination_ids)s, %(event_types)s, %(asset_ids)s,
+                                      %(created_after)s, %(created_before)s)),
+    true,
+    'lease expiry (ended by a requeue by ' || %(requested_by)s || ')',
+    'lease expired before an outcome was recorded; ended by a requeue') AS ended;
+
 -- name: requeue_cohort
 -- description: Make every matching delivery due now with a fresh retry budget and age, record
---   who, why and which rows in the audit tables, and return what moved.
+--   who, why and which rows in the audit tables, and return what moved. Deliveries in flight
+--   are not matched: their rows are left as they are, and requeue_in_flight counts them.
+--   The expired leases requeue_end_expired_leases ended (ended_ids) are requeued as 'leased'.
 -- keeps: invariant 1 (same delivery_id), invariant 5 (only scheduling metadata and counts
---   change), invariant 4 (a revoked lease token fences any worker still holding it).
---   Succeeded deliveries are never requeued: a success is final.
+--   change), invariant 9 (nothing in flight is made sendable again: a row leased while this
+--   statement waited for it is rechecked as locked and skipped). Succeeded deliveries are never
+--   requeued: a success is final.
 WITH target AS (
-    SELECT d.delivery_id, d.state
+    SELECT d.delivery_id,
+           CASE WHEN d.delivery_id = ANY (%(ended_ids)s) THEN 'leased' ELSE d.state END AS state
     FROM webhook_delivery AS d
-    WHERE d.state = ANY (%(states)s)
-      AND d.state <> 'succeeded'
+    WHERE ((d.state = ANY (%(states)s) AND d.state NOT IN ('succeeded', 'leased'))
+           OR (d.delivery_id = ANY (%(ended_ids)s) AND d.state IN ('pending', 'dead')))
       AND media_hooks_in_cohort(d, %(destination_ids)s, %(event_types)s, %(asset_ids)s,
                                 %(created_after)s, %(created_before)s)
     FOR UPDATE OF d
@@ -42,8 +70,6 @@ moved AS (
         next_attempt_at = now(),
         budget_used = 0,
         budget_started_at = now(),
-        lease_until = NULL,
-        lease_token = NULL,
         wait_reason = 'requeued by ' || %(requested_by)s || ': ' || %(reason)s,
         updated_at = now()
     FROM target
@@ -54,3 +80,14 @@ SELECT (SELECT requeue_id FROM audit) AS requeue_id, previous_state, count(*)::i
        (array_agg(delivery_id ORDER BY delivery_id))[1:10] AS sample
 FROM moved
 GROUP BY previous_state;
+
+-- name: requeue_in_flight
+-- description: The cohort's deliveries in flight (leased, the lease still running) that a
+--   requeue of states a delivery can be in flight from (enqueued, leased) leaves alone.
+SELECT count(*)::integer AS in_flight
+FROM webhook_delivery AS d
+WHERE d.state = 'leased'
+  AND d.lease_until >= now()
+  AND %(states)s::text[] && ARRAY['enqueued', 'leased']
+  AND media_hooks_in_cohort(d, %(destination_ids)s, %(event_types)s, %(asset_ids)s,
+                            %(created_after)s, %(created_before)s);

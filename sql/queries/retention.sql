@@ -3,8 +3,11 @@
 -- name: purge_terminal_batch
 -- description: tombstones then deletes one batch of terminal deliveries older than the cutoff,
 -- with their attempt and outbox rows (index webhook_delivery_terminal).
--- invariant: 3 (only succeeded or dead rows, never one still to be delivered) and 1 (the
--- delivery_id survives as a tombstone for the duplicate window).
+-- invariant: 3 (only succeeded or dead rows, never one still to be delivered), 1 and 8 (the
+-- delivery_id's identity row becomes its tombstone and outlives the delivery for the duplicate
+-- window; an emit of the same id, running at the same time, conflicts on that row's key
+-- whichever commits first, migration 0005). A row written before 0005 by older code has no
+-- identity row yet: the purge writes it.
 WITH victims AS (
     SELECT delivery_id, destination_id, state, created_at
     FROM webhook_delivery
@@ -15,9 +18,13 @@ WITH victims AS (
     FOR UPDATE SKIP LOCKED
 ),
 tombstones AS (
-    INSERT INTO delivery_tombstone (delivery_id, destination_id, final_state, created_at)
-    SELECT delivery_id, destination_id, state, created_at FROM victims
-    ON CONFLICT (delivery_id) DO NOTHING
+    INSERT INTO delivery_identity (delivery_id, destination_id, created_at, final_state, purged_at)
+    SELECT delivery_id, destination_id, created_at, state, now() FROM victims
+    ON CONFLICT (delivery_id) DO UPDATE
+    SET destination_id = EXCLUDED.destination_id,
+        created_at = EXCLUDED.created_at,
+        final_state = EXCLUDED.final_state,
+        purged_at = EXCLUDED.purged_at
     RETURNING 1
 ),
 attempts AS (
@@ -41,21 +48,28 @@ SELECT (SELECT count(*) FROM deliveries) AS deliveries,
        (SELECT count(*) FROM tombstones) AS tombstones;
 
 -- name: expire_tombstones_batch
--- description: deletes one batch of tombstones whose event is older than the duplicate window.
+-- description: deletes one batch of tombstones whose event is older than the duplicate window
+-- (index delivery_identity_tombstone_created): the id may be recorded again after this.
+-- invariant 8, within the duplicate window: only tombstones are forgotten (final_state set),
+-- never the identity of a delivery that still has its row.
 WITH expired AS (
     SELECT delivery_id
-    FROM delivery_tombstone
-    WHERE created_at < %(cutoff)s
+    FROM delivery_identity
+    WHERE final_state IS NOT NULL
+      AND created_at < %(cutoff)s
     ORDER BY created_at
     LIMIT %(batch_size)s
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM delivery_tombstone t USING expired e
+DELETE FROM delivery_identity t USING expired e
 WHERE t.delivery_id = e.delivery_id;
 
 -- name: tombstone_exists
 -- description: whether a delivery_id was delivered and purged within the duplicate window.
-SELECT EXISTS (SELECT 1 FROM delivery_tombstone WHERE delivery_id = %(delivery_id)s) AS present;
+SELECT EXISTS (
+    SELECT 1 FROM delivery_identity
+    WHERE delivery_id = %(delivery_id)s AND final_state IS NOT NULL
+) AS present;
 
 -- name: retention_cutoffs
 -- description: the retention and duplicate-window cutoffs on the server clock.

@@ -2,51 +2,24 @@
 -- Each moves at most limit_rows rows; the caller repeats until a page comes back short.
 
 -- name: sweep_expired_leases
--- description: Leases that expired (the worker died or hung) go back to pending, due now, and
---   the attempt each one had open is closed as ambiguous: the request may or may not have
---   reached the receiver. A delivery whose retry budget is spent goes dead instead, so a
---   payload that kills its worker cannot loop forever.
+-- description: Leases that expired (the worker died or hung) end, oldest first, through the one
+--   rule for a lease that ends without an outcome (media_hooks_end_leases_v1, migration 0005):
+--   the attempt each had open is closed as ambiguous (the request may or may not have reached
+--   the receiver), and the delivery is due again now, or dead once its retry budget or maximum
+--   age is spent, so a payload that kills its worker cannot loop for ever. Rows another
+--   transaction holds (a takeover in progress) are left to it.
 -- keeps: invariant 3 (abandoned work becomes visible again), invariant 4 (the lease token is
---   cleared, so the lost worker can no longer record anything).
-WITH expired AS (
-    SELECT d.delivery_id, d.lease_token, d.attempt_count,
-           d.budget_used >= w.max_attempts AS budget_spent
-    FROM webhook_delivery AS d
-    JOIN webhook_destination AS w ON w.destination_id = d.destination_id
-    WHERE d.state = 'leased' AND d.lease_until < now()
-    ORDER BY d.lease_until
-    LIMIT %(limit_rows)s
-    FOR UPDATE OF d SKIP LOCKED
-),
-moved AS (
-    UPDATE webhook_delivery AS d
-    SET state = CASE WHEN expired.budget_spent THEN 'dead' ELSE 'pending' END,
-        next_attempt_at = now(),
-        lease_until = NULL,
-        lease_token = NULL,
-        last_outcome = 'ambiguous',
-        last_error = 'lease expired before an outcome was recorded',
-        wait_reason = CASE WHEN expired.budget_spent
-                           THEN 'dead: retry budget spent (the last lease expired)'
-                           ELSE 'lease expiry: due again now' END,
-        updated_at = now()
-    FROM expired
-    WHERE d.delivery_id = expired.delivery_id
-    RETURNING d.delivery_id, expired.lease_token, expired.attempt_count
-),
-closed AS (
-    UPDATE delivery_attempt AS a
-    SET finished_at = now(),
-        outcome = 'ambiguous',
-        error = 'lease expired before an outcome was recorded (worker lost or too slow)',
-        retry_reason = 'lease expiry'
-    FROM moved
-    WHERE a.delivery_id = moved.delivery_id
-      AND a.attempt_no = moved.attempt_count
-      AND a.lease_token = moved.lease_token
-      AND a.finished_at IS NULL
-)
-SELECT count(*)::integer AS moved FROM moved;
+--   cleared, so the lost worker can no longer record anything), invariant 9.
+SELECT count(*)::integer AS moved
+FROM media_hooks_end_leases_v1(
+    ARRAY(SELECT d.delivery_id
+          FROM webhook_delivery AS d
+          WHERE d.state = 'leased' AND d.lease_until < now()
+          ORDER BY d.lease_until
+          LIMIT %(limit_rows)s),
+    true,
+    'lease expiry',
+    'lease expired before an outcome was recorded (worker lost or too slow)');
 
 -- name: sweep_stale_enqueues
 -- description: Deliveries enqueued longer than the enqueue timeout (their run died before
@@ -75,10 +48,14 @@ SELECT count(*)::integer AS moved FROM moved;
 
 -- name: release_run
 -- description: Every enqueued or leased delivery whose current dispatch belongs to a run that
---   is known to have failed goes back to pending, due now; open attempts are closed ambiguous.
--- keeps: invariant 3 (a dead run strands nothing), invariant 4 (its leases are revoked).
+--   is known to have failed goes back to pending, due now: enqueued ones directly, leased ones
+--   through the one rule for a lease that ends without an outcome (media_hooks_end_leases_v1:
+--   the open attempt closed as ambiguous, the budget and age rules applied, so a payload that
+--   kills every run that sends it cannot loop for ever).
+-- keeps: invariant 3 (a dead run strands nothing), invariant 4 (its leases are revoked),
+--   invariant 9.
 WITH mine AS (
-    SELECT d.delivery_id, d.lease_token, d.attempt_count, d.state
+    SELECT d.delivery_id, d.state
     FROM webhook_delivery AS d
     -- The run's dispatches by the outbox's run index, then each delivery by primary key.
     WHERE d.delivery_id = ANY (ARRAY(SELECT o.delivery_id FROM dispatch_outbox AS o
@@ -86,33 +63,29 @@ WITH mine AS (
       AND d.state IN ('enqueued', 'leased')
       AND EXISTS (SELECT 1 FROM dispatch_outbox AS o
                   WHERE o.message_id = d.current_message_id AND o.run_id = %(run_id)s)
-    FOR UPDATE
 ),
-moved AS (
+enqueued AS (
     UPDATE webhook_delivery AS d
     SET state = 'pending',
         next_attempt_at = now(),
-        lease_until = NULL,
-        lease_token = NULL,
         wait_reason = 'released: run ' || %(run_id)s || ' failed',
         updated_at = now()
     FROM mine
     WHERE d.delivery_id = mine.delivery_id
-    RETURNING d.delivery_id, mine.lease_token, mine.attempt_count, mine.state AS previous_state
+      AND mine.state = 'enqueued'
+      -- Rechecked on the row as locked: a worker may have leased it since the scan.
+      AND d.state = 'enqueued'
+    RETURNING d.delivery_id
 ),
-closed AS (
-    UPDATE delivery_attempt AS a
-    SET finished_at = now(),
-        outcome = 'ambiguous',
-        error = 'run failed before an outcome was recorded',
-        retry_reason = 'run failure'
-    FROM moved
-    WHERE moved.previous_state = 'leased'
-      AND a.delivery_id = moved.delivery_id
-      AND a.attempt_no = moved.attempt_count
-      AND a.finished_at IS NULL
+leases AS (
+    SELECT *
+    FROM media_hooks_end_leases_v1(
+        ARRAY(SELECT delivery_id FROM mine WHERE state = 'leased'),
+        false,
+        'released: run ' || %(run_id)s || ' failed',
+        'run failed before an outcome was recorded')
 )
-SELECT count(*)::integer AS moved FROM moved;
+SELECT ((SELECT count(*) FROM enqueued) + (SELECT count(*) FROM leases))::integer AS moved;
 
 -- name: trip_circuit_breakers
 -- description: Disable each enabled destination whose every attempt has failed for the whole

@@ -11,6 +11,7 @@ from dagster import (
     Backoff,
     DynamicOut,
     DynamicOutput,
+    Failure,
     MetadataValue,
     OpExecutionContext,
     Out,
@@ -19,8 +20,8 @@ from dagster import (
     op,
 )
 
-from media_hooks import figures, reconciler, requeue, sweeps
-from media_hooks.delivery import DeliveryCounts, deliver_batch, tally
+from media_hooks import db, figures, reconciler, requeue, sweeps
+from media_hooks.delivery import DeliveryCounts, OutcomesNotRecorded, deliver_batch, tally
 from media_hooks.orchestration import recovery
 from media_hooks.orchestration.config import DeliverConfig
 from media_hooks.orchestration.metadata import (
@@ -43,6 +44,7 @@ COUNT_COLUMNS = (
     "dead",
     "skipped",
     "deferred",
+    "guard_refused",
 )
 
 
@@ -105,7 +107,7 @@ def claim_due_pages(
     context.instance.add_run_tags(context.run_id, cohort_tags(cohort))
     started = time.monotonic()
     settings = delivery_settings.settings()
-    with postgres.connection() as conn:
+    with postgres.connection(db.Role.RECONCILER) as conn:
         before = figures.measure(conn)
         recovered = _recover_dead_runs(context, conn, settings)
         swept = sweeps.run_sweeps(conn, settings)
@@ -172,7 +174,8 @@ def partition_by_destination(
 @op(
     description="Delivers one destination batch through the engine, honouring the destination's "
     "global limits. A destination's failures are counted, not raised; only infrastructure "
-    "faults fail the step (and Dagster retries those; webhook retries are the table's).",
+    "faults fail the step (and Dagster retries those; webhook retries are the table's), except "
+    "outcomes the database refused to record: that failure is final, never hidden by a retry.",
     pool=DELIVERY_POOL,
     retry_policy=RetryPolicy(max_retries=2, delay=2, backoff=Backoff.EXPONENTIAL),
     out=Out(BatchResult),
@@ -184,7 +187,16 @@ def deliver_destination_batch(
     delivery_settings: DeliverySettingsResource,
 ) -> Output[BatchResult]:
     started = time.monotonic()
-    counts = deliver_batch(postgres.pool, context.run_id, batch, delivery_settings.settings())
+    try:
+        counts = deliver_batch(postgres.pool, context.run_id, batch, delivery_settings.settings())
+    except OutcomesNotRecorded as exc:
+        # A step retry would find these deliveries leased, skip them and end green, leaving
+        # their outcomes to lease expiry: the failure must show.
+        raise Failure(
+            description=str(exc),
+            metadata={"destination_id": batch.destination_id, "deliveries": exc.delivery_ids},
+            allow_retries=False,
+        ) from exc
     seconds = time.monotonic() - started
     result = BatchResult(
         destination_id=batch.destination_id,

@@ -35,6 +35,7 @@ def requeue_deliveries(
             "dry_run": config.dry_run,
             "matched": result.matched,
             "moved": result.moved,
+            "in_flight_left_alone": result.in_flight,
             "requeue_id": result.requeue_id if result.requeue_id is not None else "none",
             "by_state": MetadataValue.md(
                 markdown_table(["state", "deliveries"], sorted(result.by_state.items()))

@@ -34,6 +34,7 @@ class PostgresResource(ConfigurableResource):
         return db.ready_url(Settings.from_env())
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
+        # Every connection has bounded timeouts for its role from the start (media_hooks.db).
         self._pool = db.open_pool(self.url(), max_size=self.max_connections)
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
@@ -48,10 +49,10 @@ class PostgresResource(ConfigurableResource):
         return self._pool
 
     @contextmanager
-    def connection(self) -> Iterator[psycopg.Connection]:
-        """A pooled connection in autocommit mode, as the engine's functions expect."""
-        with self.pool.connection() as conn:
-            conn.autocommit = True
+    def connection(self, role: db.Role = db.Role.OPERATOR) -> Iterator[psycopg.Connection]:
+        """A pooled connection in autocommit mode, as the engine's functions expect, with the
+        timeouts of ``role`` (media_hooks.db)."""
+        with db.borrow(self.pool, role) as conn:
             try:
                 yield conn
             finally:

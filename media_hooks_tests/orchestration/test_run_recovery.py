@@ -116,9 +116,10 @@ def test_a_killed_run_leaves_nothing_stuck_for_the_next(
     cut_off = conn.execute(
         "SELECT outcome, retry_reason FROM delivery_attempt WHERE run_id = %s", (dead.run_id,)
     ).fetchall()
-    assert cut_off == [
-        {"outcome": "ambiguous", "retry_reason": f"released: run {dead.run_id} failed"}
-    ] * 2
+    assert (
+        cut_off
+        == [{"outcome": "ambiguous", "retry_reason": f"released: run {dead.run_id} failed"}] * 2
+    )
     assert receiver.accepted_ids == set(ids)
 
 

@@ -82,7 +82,7 @@ RECORD_DEADLINE_MARGIN_SECONDS = 5.0
 ALLOW_PRIVATE_SETTING = "MEDIA_HOOKS_ALLOW_PRIVATE_URLS=1"
 # No retry or pause is ever scheduled further out than the longest backoff cap allowed: a
 # destination changed under a running batch cannot make a due time overflow.
-LONGEST_DELAY_SECONDS = destinations.RANGES["backoff_cap_seconds"].high
+LONGEST_DELAY_SECONDS = destinations.RANGES["backoff_cap_seconds"].allowed.high
 
 
 class OutcomesNotRecorded(Exception):

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-import math
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import psycopg
@@ -26,6 +25,7 @@ from psycopg.rows import dict_row
 from media_hooks.config import Settings
 from media_hooks.errors import UserError
 from media_hooks.identifiers import validate_identifier
+from media_hooks.numeric import Range, check, plain
 from media_hooks.secret_store import ENV as SECRET_KEY_ENV
 from media_hooks.secret_store import SecretBox, is_sealed
 from media_hooks.sqlfiles import query
@@ -119,76 +119,51 @@ def validate_url(url: str) -> None:
         raise UserError(f"url must name a host, got {url!r}")
 
 
-@dataclass(frozen=True)
-class Range:
-    """The values of one setting the engine can honour (README, "Destination settings")."""
+class Setting(NamedTuple):
+    """A destination setting's name in messages, and the values the engine can honour."""
 
     what: str
-    low: float
-    high: float
-    unit: str = ""
-    whole: bool = False
-
-    def describe(self) -> str:
-        return f"{_show(self.low)} to {_show(self.high)}{self.unit}"
-
-    def problem(self, value: object) -> str | None:
-        """Why ``value`` is refused, or None."""
-        if self.whole:
-            if isinstance(value, bool) or not isinstance(value, int):
-                return f"{self.what} must be a whole number, got {value!r}"
-        elif (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-        ):
-            return f"{self.what} must be a finite number, got {value!r}"
-        if not self.low <= value <= self.high:
-            return (
-                f"{self.what} must be between {_show(self.low)} and {_show(self.high)}"
-                f"{self.unit}, got {_show(value)}"
-            )
-        return None
-
-
-def _show(value: float) -> str:
-    """1000000 rather than 1e+06; 0.001 and 1e-300 as they are."""
-    if float(value).is_integer() and abs(value) < 1e15:
-        return str(int(value))
-    return f"{value:g}"
+    allowed: Range
 
 
 # Beyond these a setting breaks the engine (1e-300/s overflows the wait before a start; a
-# backoff of 1e300 s overflows the due time) or the machine (a thread per request in flight).
+# backoff of 1e300 s overflows the due time) or the machine (a thread per request in flight)
+# (README, "Destination settings").
 RANGES = {
-    "rate_per_second": Range("rate", 0.001, 1_000_000, " per second"),
-    "burst": Range("burst", 1, 1_000_000, whole=True),
-    "max_in_flight": Range("max in flight", 1, 1000, whole=True),
-    "timeout_seconds": Range("timeout", 0.1, 600, " s"),
-    "max_attempts": Range("max attempts", 1, 1000, whole=True),
-    "backoff_base_seconds": Range("backoff base", 0.1, 86_400, " s"),
-    "backoff_cap_seconds": Range("backoff cap", 0.1, 2_592_000, " s"),
+    "rate_per_second": Setting(
+        "rate", Range(0.001, 1_000_000, low_inclusive=True, unit="starts per second")
+    ),
+    "burst": Setting("burst", Range(1, 1_000_000, low_inclusive=True, integer=True)),
+    "max_in_flight": Setting("max in flight", Range(1, 1000, low_inclusive=True, integer=True)),
+    "timeout_seconds": Setting("timeout", Range(0.1, 600, low_inclusive=True, unit="seconds")),
+    "max_attempts": Setting("max attempts", Range(1, 1000, low_inclusive=True, integer=True)),
+    "backoff_base_seconds": Setting(
+        "backoff base", Range(0.1, 86_400, low_inclusive=True, unit="seconds")
+    ),
+    "backoff_cap_seconds": Setting(
+        "backoff cap", Range(0.1, 2_592_000, low_inclusive=True, unit="seconds")
+    ),
     # Not set by `destination add`; checked on what is stored all the same.
-    "max_age_seconds": Range("maximum delivery age", 60, 31_536_000, " s"),
+    "max_age_seconds": Setting(
+        "maximum delivery age", Range(60, 31_536_000, low_inclusive=True, unit="seconds")
+    ),
 }
 
 
 def _check_range(spec: DestinationSpec) -> None:
-    for name, allowed in RANGES.items():
+    for name, (what, allowed) in RANGES.items():
         value = getattr(spec, name, None)
-        problem = None if value is None else allowed.problem(value)
-        if problem:
-            raise UserError(problem)
+        if value is not None:
+            check(value, what, allowed)
 
 
 def out_of_range(destination: Destination) -> str | None:
     """The stored settings the engine cannot honour (written before `destination add`
     checked them, or by hand), in one line for the destination's disabled reason; or None."""
     wrong = [
-        f"{allowed.what} {_show(getattr(destination, name))}{allowed.unit} "
-        f"(allowed {allowed.describe()})"
-        for name, allowed in RANGES.items()
-        if allowed.problem(getattr(destination, name))
+        f"{what} {plain(getattr(destination, name))} (allowed: {allowed.describe()})"
+        for name, (what, allowed) in RANGES.items()
+        if allowed.problem(getattr(destination, name), what)
     ]
     if not wrong:
         return None

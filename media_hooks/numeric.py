@@ -36,13 +36,22 @@ class Range:
         kind = "a whole number" if self.integer else "a number"
         if self.unit:
             kind = f"{kind} of {self.unit}"
-        low = _plain(self.low)
+        low = plain(self.low)
         low = f"at least {low}" if self.low_inclusive else f"greater than {low}"
-        return f"{kind} {low} and at most {_plain(self.high)}"
+        return f"{kind} {low} and at most {plain(self.high)}"
 
     def contains(self, value: Number) -> bool:
         above = value >= self.low if self.low_inclusive else value > self.low
         return above and value <= self.high
+
+    def problem(self, value: object, what: str) -> str | None:
+        """Why ``value`` (already a number, or not) is refused as ``what``; None if allowed."""
+        kind_ok = isinstance(value, int) if self.integer else isinstance(value, int | float)
+        if isinstance(value, bool) or not kind_ok:
+            return f"{what} must be {self.describe()}, got {value!r}"
+        if not math.isfinite(value) or not self.contains(value):
+            return f"{what} must be {self.describe()}, got {plain(value)}"
+        return None
 
 
 # Ranges used in more than one place.
@@ -56,11 +65,9 @@ FRACTION = Range(0, 1, low_inclusive=True)
 
 def check(value: object, what: str, allowed: Range) -> Number:
     """``value`` (already a number) if it is in ``allowed``; UserError otherwise."""
-    kind_ok = isinstance(value, int) if allowed.integer else isinstance(value, int | float)
-    if isinstance(value, bool) or not kind_ok:
-        raise UserError(f"{what} must be {allowed.describe()}, got {value!r}")
-    if not math.isfinite(value) or not allowed.contains(value):
-        raise UserError(f"{what} must be {allowed.describe()}, got {_plain(value)}")
+    problem = allowed.problem(value, what)
+    if problem is not None:
+        raise UserError(problem)
     return value
 
 
@@ -96,7 +103,7 @@ def argument(allowed: Range) -> Callable[[str], Number]:
     return convert
 
 
-def _plain(value: Number) -> str:
+def plain(value: Number) -> str:
     """86400 rather than 86400.0 or 8.64e+04; other values as %g."""
     if isinstance(value, int) or (
         math.isfinite(value) and value.is_integer() and abs(value) < 1e15

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from media_hooks_tests.conftest import REPO
 
 MEASUREMENTS = [
@@ -27,6 +29,7 @@ MEASUREMENTS = [
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.one_server
 def test_smoke_run_writes_a_well_formed_report(server_url: str, tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MEDIA_HOOKS_", "DAGSTER_"))}
     env.update(MEDIA_HOOKS_DATABASE_URL=server_url, MEDIA_HOOKS_HOME=str(tmp_path / "home"))

@@ -220,10 +220,12 @@ class RunSupervisor:
         last_words.start()
         last_words.join(_LAST_WORDS_SECONDS)
         settled = (outcome[0][0] if outcome else None) or []
+        # Marked failed here, unless this process's own run thread, seeing its steps die after
+        # the cancel, recorded the run as canceled first: either way it has ended.
         runs = ", ".join(f"{done.run_id} ({done.released} due again)" for done in settled)
         print(
             f"media-hooks: killed the delivery run(s) of this process: {reason}; "
-            + (f"marked failed: {runs}" if runs else "the next run releases their rows"),
+            + (f"ended and released: {runs}" if runs else "the next run releases their rows"),
             file=self.console.terminal,
         )
         os._exit(1)

@@ -44,6 +44,7 @@ def _expected(conn, destination_id: str) -> dict:
     ).fetchone()
 
 
+@pytest.mark.one_server
 def test_demo_runs_end_to_end_and_its_summary_matches_the_database(conn, demo_env):
     add_destination(conn, "someone-else", "http://127.0.0.1:9/theirs")
     (theirs,) = add_deliveries(conn, "someone-else", 1)

@@ -151,6 +151,7 @@ def _launchpad_config(url: str) -> dict:
     return yaml.safe_load(preset["runConfigYaml"])
 
 
+@pytest.mark.one_server
 def test_dagster_ui_loads_everything_and_launches_a_delivery_run(env, conn, receiver, instance):
     add_destination(conn, "alpha", receiver.url + "alpha")
     add_destination(conn, "beta:2", receiver.url + "beta")

@@ -184,8 +184,9 @@ def test_max_seconds_kills_a_run_that_does_not_stop(env, conn, own_instance, gat
     assert line.startswith("media-hooks: killed the delivery run(s) of this process: ")
     assert f"--max-seconds {MAX_SECONDS} reached, and it did not stop within 3 s" in line
     (run,) = _delivery_runs(own_instance)
-    assert f"marked failed: {run.run_id} (2 due again)" in line
-    assert run.status == DagsterRunStatus.FAILURE
+    assert f"ended and released: {run.run_id} (2 due again)" in line
+    # Failed by the command, or canceled by the run's own thread as its steps died: ended.
+    assert run.status in (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
     assert run.tags[RELEASED_TAG] == "2"
     assert states(conn) == {"pending": 2}
     assert slot_holders(own_instance.event_log_storage) == []

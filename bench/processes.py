@@ -162,3 +162,8 @@ def _signal_group(process: subprocess.Popen, number: int) -> None:
         os.killpg(process.pid, number)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL a process started in a session of its own, with everything it started."""
+    _signal_group(process, signal.SIGKILL)

@@ -94,6 +94,26 @@ def test_changed_migration_is_refused(database_url, monkeypatch):
             migrations.require_current(conn)
 
 
+def test_the_running_release_keeps_working_on_the_next_releases_schema(database_url, monkeypatch):
+    """Schema first, then workers (README, "Upgrading"): after the next release's `db migrate`,
+    the running release (here: the code without the newest file) still starts, and its own
+    `db migrate` has nothing to do. (The soak's mid-run migration found it refusing to start.)"""
+    files = sqlfiles.load_migrations()
+    monkeypatch.setattr(migrations, "migration_files", lambda: files[:-1])
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        migrations.require_current(conn)
+        assert migrations.migrate(conn).applied == []
+    assert [v for v, _ in _ledger(database_url)] == [m.version for m in files]
+
+
+def test_an_unknown_migration_among_known_ones_is_refused(database_url, monkeypatch):
+    files = sqlfiles.load_migrations()
+    monkeypatch.setattr(migrations, "migration_files", lambda: files[:-2] + files[-1:])
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        with pytest.raises(RuntimeFailure, match=f"{files[-2].name}.*diverged"):
+            migrations.require_current(conn)
+
+
 def test_an_edited_released_file_is_refused_before_anything_is_applied(
     empty_database_url, monkeypatch
 ):

@@ -134,6 +134,14 @@ class Slots:
             self.kills += 1
             return True
 
+    def kill_all(self) -> None:
+        """Whatever still runs (the soak itself failed or was stopped) goes with its group."""
+        self._stopping.set()
+        with self._lock:
+            for process in self.processes:
+                if process is not None and process.poll() is None:
+                    processes.kill_group(process)
+
     def stop(self) -> None:
         """Let the running ones end by their --max-seconds, then end the restarting."""
         self._stopping.set()
@@ -183,14 +191,27 @@ class Chaos:
         self.record("requeue", exit=done.returncode, moved=moved, error=done.stderr[-200:])
 
     def migrate(self) -> None:
+        """This release's ``db migrate`` (nothing to do), then the next release's migration
+        under the running processes, as a rollout does it (schema first, then workers): a
+        column added to the busiest table and the ledger row. The processes restarted after
+        it (a kill) must start and work on it."""
         done = cli(self.env, "db", "migrate")
-        self.record("db migrate", exit=done.returncode, output=_last_line(done))
+        with psycopg.connect(self.url, application_name="soak:next release") as conn:
+            conn.execute("SET LOCAL lock_timeout = '2s'")
+            conn.execute("ALTER TABLE webhook_delivery ADD COLUMN next_release_note text")
+            conn.execute(
+                "INSERT INTO schema_migrations (version, name, checksum)"
+                " VALUES (9001, '9001_next_release.sql', 'soak')"
+            )
+        self.record("db migrate", exit=done.returncode, output=_last_line(done), then=NEXT)
 
     def operator_lock(self, seconds: float = 4.0) -> None:
         with psycopg.connect(self.url, application_name="soak:operator") as conn:
+            # Rows a run is about to lease (enqueued) and rows it would claim next (pending).
             locked = conn.execute(
-                "SELECT count(*) FROM (SELECT 1 FROM webhook_delivery WHERE state = 'pending'"
-                " ORDER BY next_attempt_at LIMIT 50 FOR UPDATE) AS held"
+                "SELECT count(*) FROM (SELECT 1 FROM webhook_delivery"
+                " WHERE destination_id = 'dest-2' AND state IN ('enqueued', 'pending')"
+                " ORDER BY state, delivery_id LIMIT 60 FOR UPDATE) AS held"
             ).fetchone()[0]
             conn.execute(
                 "UPDATE webhook_destination SET updated_at = now() WHERE destination_id = 'dest-2'"
@@ -324,8 +345,11 @@ def soak(size_name: str, seed: int, out: Path) -> int:
             chaos_end = time.monotonic() + size.chaos_seconds
             slots = Slots(size.runs, env, folder, chaos_end)
             slots.start()
-            chaos_phase(size, chaos, slots, rng, chaos_end)
-            slots.stop()
+            try:
+                chaos_phase(size, chaos, slots, rng, chaos_end)
+                slots.stop()
+            finally:
+                slots.kill_all()
             print(f"  chaos phase over; {publisher.requests()} requests so far", flush=True)
             final = final_runs(env, url, folder, size.final_seconds)
             checked = cli(env, "check", "--json")
@@ -365,6 +389,7 @@ def soak(size_name: str, seed: int, out: Path) -> int:
 
 
 OUTAGES = ("connections killed", "publisher outage")
+NEXT = "the next release's migration 9001 (a column on webhook_delivery)"
 
 
 def chaos_phase(

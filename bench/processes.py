@@ -111,10 +111,20 @@ def run_measured(
 
 
 def start(
-    command: list[str], env: dict[str, str] | None = None, *, capture: bool = False
+    command: list[str],
+    env: dict[str, str] | None = None,
+    *,
+    capture: bool = False,
+    log: Path | None = None,
 ) -> subprocess.Popen:
     """Start ``command`` from the repository root in a session of its own, so that
-    ``stop_group`` reaches everything it starts; its output is captured (text) or discarded."""
+    ``stop_group`` reaches everything it starts; its output is captured (text), appended to
+    ``log``, or discarded."""
+    if log is not None:
+        with log.open("a") as output:
+            return subprocess.Popen(
+                command, env=env, cwd=REPO, stdout=output, stderr=output, start_new_session=True
+            )
     output = subprocess.PIPE if capture else subprocess.DEVNULL
     return subprocess.Popen(
         command, env=env, cwd=REPO, stdout=output, stderr=output, text=True, start_new_session=True

@@ -72,7 +72,7 @@ class Size:
 
 SIZES = {
     "ci": Size(2000, 4, 2, 70, 4, 10, 6, 70),
-    "default": Size(50_000, 20, 4, 300, 12, 15, 15, 600),
+    "default": Size(50_000, 20, 4, 300, 12, 15, 15, 1500),
 }
 
 
@@ -105,7 +105,22 @@ class Slots:
     def _start(self, slot: int) -> subprocess.Popen:
         # A home per slot: its next process recovers the runs of the one killed before it.
         env = {**self.env, "MEDIA_HOOKS_HOME": str(self.homes / f"slot-{slot}")}
-        return processes.start(self._command(), env)
+        return processes.start(self._command(), env, log=self.log(slot))
+
+    def log(self, slot: int) -> Path:
+        return self.homes / f"slot-{slot}.log"
+
+    def failures(self) -> list[str]:
+        """The one-line errors the slots' processes ended with (a failed run says why)."""
+        lines = []
+        for slot in range(len(self.processes)):
+            path = self.log(slot)
+            if path.exists():
+                lines += [
+                    line[:300] for line in path.read_text().splitlines()
+                    if line.startswith("media-hooks: ")
+                ]  # fmt: skip
+        return lines
 
     def _keep_running(self) -> None:
         while not self._stopping.is_set():
@@ -297,22 +312,31 @@ def unfinished(url: str) -> dict:
         ).fetchone()
 
 
-def final_runs(env: dict[str, str], url: str, homes: Path, seconds: float) -> int:
-    """Run until every delivery is terminal (or the time is up); returns how many runs."""
+def final_runs(env: dict[str, str], url: str, homes: Path, count: int, seconds: float) -> int:
+    """Rounds of ``count`` runs in parallel, no chaos, until every delivery is terminal (or the
+    time is up); returns how many rounds."""
     until = time.monotonic() + seconds
-    runs = 0
+    rounds = 0
     while time.monotonic() < until and unfinished(url)["open"]:
-        left = until - time.monotonic()
-        cli(
-            {**env, "MEDIA_HOOKS_HOME": str(homes / "slot-0")},
-            "run", "--until-idle", "--max-seconds", f"{max(left, 1):.0f}",
-            timeout=left + 60,
-        )  # fmt: skip
-        runs += 1
+        left = max(until - time.monotonic(), 1)
+        command = processes.python_command(
+            "media_hooks.cli", "run", "--until-idle", "--max-seconds", f"{left:.0f}"
+        )
+        running = [
+            processes.start(command, {**env, "MEDIA_HOOKS_HOME": str(homes / f"slot-{slot}")})
+            for slot in range(count)
+        ]
+        for process in running:
+            try:
+                process.wait(timeout=left + 60)
+            except subprocess.TimeoutExpired:
+                processes.kill_group(process)
+                process.wait()
+        rounds += 1
         if unfinished(url)["open"]:
             # What is left waits for a backoff, a pause, an expired lease or a stale enqueue.
             time.sleep(1)
-    return runs
+    return rounds
 
 
 def soak(size_name: str, seed: int, out: Path) -> int:
@@ -351,7 +375,7 @@ def soak(size_name: str, seed: int, out: Path) -> int:
             finally:
                 slots.kill_all()
             print(f"  chaos phase over; {publisher.requests()} requests so far", flush=True)
-            final = final_runs(env, url, folder, size.final_seconds)
+            final = final_runs(env, url, folder, size.runs, size.final_seconds)
             checked = cli(env, "check", "--json")
             outcome = measure(
                 url, ids, publisher, json.loads(checked.stdout), checked.returncode,
@@ -371,8 +395,9 @@ def soak(size_name: str, seed: int, out: Path) -> int:
             "limits": asdict(size.limits),
             "seed": seed,
             "seconds": round(time.monotonic() - started, 1),
-            "final_runs": final,
+            "final_rounds": final,
             "run_exits": slots.exits,
+            "run_errors": slots.failures(),
             "chaos": chaos.events,
             "answers": dict(publisher.answers),
             "machine": machine(),

@@ -132,8 +132,7 @@ class Report:
 
 def _parameters(conn: psycopg.Connection, options: Options) -> dict[str, Any]:
     clock = conn.execute(
-        "SELECT now() AS now, now() - make_interval(secs => %(window)s) AS since",
-        {"window": options.window_seconds},
+        query("check_clock"), {"window_seconds": options.window_seconds}
     ).fetchone()
     return {
         "now": clock["now"],

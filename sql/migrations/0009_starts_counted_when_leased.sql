@@ -9,8 +9,8 @@
 -- out: 2 x burst starts at once, above the start-rate ceiling (the soak's and
 -- media_hooks_tests/test_rate_limits.py's interleaving show it).
 --
--- v2 does what v1 does, then, still holding the limiter row, moves the starts it leased to the
--- moment the lease is made: the rest of the bucket drains for the time the lease waited, the
+-- v2 calls v1, then, still holding the limiter row, moves the starts it leased to the moment
+-- the lease is made: the rest of the bucket drains for the time the lease waited, the
 -- leased starts do not. v1 is kept unchanged for workers of the previous release during a
 -- rolling upgrade.
 -- keeps: the start-rate ceiling (0002: starts in any window of length t <= burst + rate * t,
@@ -32,57 +32,33 @@ RETURNS TABLE (examined integer, granted_at timestamptz, retry_in double precisi
                attempt_no integer, budget_used integer, body bytea)
 LANGUAGE plpgsql AS $$
 DECLARE
-    permit record;
-    taken record;
-    granted integer;
     used integer := 0;
     leased_at timestamptz;
 BEGIN
-    SELECT * INTO permit
-      FROM media_hooks_acquire_permits_v1(
-          p_destination_id, cardinality(p_delivery_ids), p_holder, p_hold_seconds,
-          p_slot_poll_seconds, p_disabled_poll_seconds, p_release);
-    granted := coalesce(cardinality(permit.slots), 0);
-    examined := granted;
-    granted_at := permit.granted_at;
-    retry_in := permit.retry_in;
-    reason := permit.reason;
-    IF granted > 0 THEN
-        FOR taken IN
-            SELECT * FROM media_hooks_lease_v2(
-                p_run_id, p_delivery_ids[1:granted], p_message_ids[1:granted], p_hold_seconds)
-        LOOP
+    FOR examined, granted_at, retry_in, reason, slot, delivery_id, message_id, lease_token,
+        attempt_no, budget_used, body IN
+        SELECT * FROM media_hooks_lease_with_permits_v1(
+            p_destination_id, p_holder, p_hold_seconds, p_slot_poll_seconds,
+            p_disabled_poll_seconds, p_release, p_run_id, p_delivery_ids, p_message_ids)
+    LOOP
+        IF delivery_id IS NOT NULL THEN
             used := used + 1;
-            slot := permit.slots[used];
-            delivery_id := taken.delivery_id;
-            message_id := taken.message_id;
-            lease_token := taken.lease_token;
-            attempt_no := taken.attempt_no;
-            budget_used := taken.budget_used;
-            body := taken.body;
-            RETURN NEXT;
-        END LOOP;
-        IF used < granted THEN
-            PERFORM media_hooks_refund_permits_v1(
-                p_destination_id, permit.slots[used + 1:granted], p_holder);
         END IF;
-        IF used > 0 THEN
-            -- The level holds the leased starts (added at the grant) and what earlier starts
-            -- had left as of the grant: that rest drains for as long as the lease took; the
-            -- leased starts are counted from now.
-            leased_at := clock_timestamp();
-            UPDATE destination_limiter AS l
-               SET level = greatest(l.level - used - w.rate_per_second
-                                    * greatest(extract(epoch FROM leased_at - l.level_at)::double precision, 0),
-                                    0) + used,
-                   level_at = leased_at
-              FROM webhook_destination AS w
-             WHERE l.destination_id = p_destination_id
-               AND w.destination_id = p_destination_id;
-        END IF;
-    END IF;
-    IF used = 0 THEN
         RETURN NEXT;
+    END LOOP;
+    IF used > 0 THEN
+        -- v1 left the limiter row locked. Its level holds the leased starts (added at the
+        -- grant) and what earlier starts had left as of the grant: that rest drains for as long
+        -- as the lease took; the leased starts are counted from now.
+        leased_at := clock_timestamp();
+        UPDATE destination_limiter AS l
+           SET level = greatest(l.level - used - w.rate_per_second
+                                * greatest(extract(epoch FROM leased_at - l.level_at)::double precision, 0),
+                                0) + used,
+               level_at = leased_at
+          FROM webhook_destination AS w
+         WHERE l.destination_id = p_destination_id
+           AND w.destination_id = p_destination_id;
     END IF;
 END;
 $$;

@@ -9,6 +9,10 @@
 -- since: the same statements then read the whole history (sequential scans, slower, opt-in).
 -- media_hooks_tests/test_query_plans.py holds the default pass to its indexes.
 
+-- name: check_clock
+-- description: the snapshot's instant, and where the window of history begins.
+SELECT now() AS now, now() - make_interval(secs => %(window_seconds)s) AS since;
+
 -- name: check_leased_without_one_open_attempt
 -- description: leased deliveries that do not have exactly one open attempt, their newest, under
 --   their lease token (webhook_delivery_lease, then delivery_attempt's key per delivery).

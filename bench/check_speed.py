@@ -14,6 +14,7 @@ Writes ``bench/results/check_speed.json``.
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
 import sys
 import time
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     broken = sorted({r.name for _, report in passes for r in report.failed()})
     broken += [f"{r.name} (--all)" for r in full_report.failed()]
     figures = {
-        "command": "python -m bench.check_speed " + " ".join(argv or sys.argv[1:]),
+        "command": shlex.join(["python", "-m", "bench.check_speed", *(argv or sys.argv[1:])]),
         "postgres": server,
         "deliveries": args.deliveries,
         "seed_seconds": round(seeded, 1),

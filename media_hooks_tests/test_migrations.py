@@ -5,6 +5,7 @@ lock timeout (issue 11, part 1)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 import threading
@@ -34,7 +35,7 @@ EXPECTED_TABLES = {
 LAST = next(
     m for m in sqlfiles.load_migrations() if m.name == "0008_secret_forms_and_attempt_window.sql"
 )
-PENDING = [m.name for m in sqlfiles.load_migrations() if m.version >= LAST.version]
+FROM_LAST = [m.name for m in sqlfiles.load_migrations() if m.version >= LAST.version]
 
 
 def _tables(url: str) -> set[str]:
@@ -96,6 +97,26 @@ def test_changed_migration_is_refused(database_url, monkeypatch):
         with pytest.raises(RuntimeFailure, match=f"{name} changed after it was applied"):
             migrations.migrate(conn)
         with pytest.raises(RuntimeFailure, match="changed after it was applied"):
+            migrations.require_current(conn)
+
+
+def test_the_running_release_keeps_working_on_the_next_releases_schema(database_url, monkeypatch):
+    """Schema first, then workers (README, "Upgrading"): after the next release's `db migrate`,
+    the running release (here: the code without the newest file) still starts, and its own
+    `db migrate` has nothing to do. (The soak's mid-run migration found it refusing to start.)"""
+    files = sqlfiles.load_migrations()
+    monkeypatch.setattr(migrations, "migration_files", lambda: files[:-1])
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        migrations.require_current(conn)
+        assert migrations.migrate(conn).applied == []
+    assert [v for v, _ in _ledger(database_url)] == [m.version for m in files]
+
+
+def test_an_unknown_migration_among_known_ones_is_refused(database_url, monkeypatch):
+    files = sqlfiles.load_migrations()
+    monkeypatch.setattr(migrations, "migration_files", lambda: files[:-2] + files[-1:])
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        with pytest.raises(RuntimeFailure, match=f"{files[-2].name}.*diverged"):
             migrations.require_current(conn)
 
 
@@ -244,7 +265,7 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
 
 
 def test_migrate_while_producers_emit_and_an_idle_reader_holds_a_lock(empty_database_url, cli_env):
-    """The issue's scene: the last migration pending, producers emitting, a reader idle in a
+    """The issue's scene: the last no-transaction migration pending, producers emitting, a reader idle in a
     transaction. Producers are never held up longer than the lock timeout; the migration says
     what it waits for (never the reader's query) and completes once the reader goes."""
     url = empty_database_url
@@ -289,7 +310,7 @@ def test_migrate_while_producers_emit_and_an_idle_reader_holds_a_lock(empty_data
         emitted_after = len(producers.latencies)
     assert producers.errors == []
     assert migrate.returncode == 0, "".join(stderr_lines)
-    assert out.strip() == f"applied {len(PENDING)} migration(s): {', '.join(PENDING)}"
+    assert out.strip() == f"applied {len(FROM_LAST)} migration(s): {', '.join(FROM_LAST)}"
     report = "".join(stderr_lines)
     assert "waited for AccessExclusiveLock on webhook_destination" in report
     assert f"pid {reader_pid} (application_name 'nightly-report', idle in transaction for" in report
@@ -324,12 +345,13 @@ def test_a_migration_that_cannot_get_its_lock_gives_up_naming_the_blocker(empty_
             )
             assert f"pid {blocker.info.backend_pid} (application_name 'blocker'" in message
             assert any("retrying in" in line for line in lines)
-            with pytest.raises(RuntimeFailure, match=f"pending migrations \\({LAST.name}"):
+            pending = re.escape(f"pending migrations ({', '.join(FROM_LAST)})")
+            with pytest.raises(RuntimeFailure, match=pending):
                 migrations.require_current(conn)
     finally:
         blocker.close()
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
-        assert migrations.migrate(conn).applied == PENDING, "it starts over, idempotently"
+        assert migrations.migrate(conn).applied == FROM_LAST, "it starts over, idempotently"
 
 
 def test_an_interrupted_concurrent_index_build_is_dropped_and_built_again(empty_database_url):

@@ -20,7 +20,7 @@ from media_hooks.cohort import Cohort
 from media_hooks.db import with_database
 from media_hooks.leases import Lease, Outcome, outcomes_document
 from media_hooks.reconciler import claim_due
-from media_hooks.sqlfiles import query
+from media_hooks.sqlfiles import queries, query
 from media_hooks_tests.conftest import create_database, drop_database
 from media_hooks_tests.factories import add_deliveries, add_destination
 
@@ -295,6 +295,30 @@ def test_a_lease_plan_made_while_the_table_was_empty_stays_a_key_lookup(server_u
             assert _lease_indexes(conn, _enqueued(conn)) == (4, {"webhook_delivery_pkey"})
     finally:
         drop_database(server_url, name)
+
+
+def _check_parameters() -> dict:
+    return {
+        "since": "2000-01-01T00:00:00Z",
+        "lease_margin_seconds": 600.0,
+        "hold_seconds": 90.0,
+        "clock_slack_seconds": 5.0,
+    }
+
+
+CHECK_STATEMENTS = sorted(n for n in queries() if n.startswith("check_") and n != "check_clock")
+
+
+@pytest.mark.parametrize("name", CHECK_STATEMENTS)
+def test_the_default_check_reads_through_indexes(loaded, name):
+    """`media-hooks check` without --all: every statement reads the big tables through an
+    index, with the settings the check runs under (media_hooks.checks.run)."""
+    with loaded.transaction(force_rollback=True):
+        loaded.execute("SET LOCAL enable_seqscan = off")
+        statement = f"EXPLAIN (FORMAT JSON) {query(name)}"
+        (plan,) = loaded.execute(statement.encode(), _check_parameters()).fetchone()["QUERY PLAN"]
+    print(f"\n{name}:\n{json.dumps(plan['Plan'], indent=1)[:4000]}")
+    assert _seq_scans(plan["Plan"]) == []
 
 
 def _sorts_of_deliveries(plan: dict) -> list[str]:

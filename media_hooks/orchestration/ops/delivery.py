@@ -9,7 +9,6 @@ import zlib
 from dataclasses import dataclass, field
 
 from dagster import (
-    Backoff,
     DynamicOut,
     DynamicOutput,
     Failure,
@@ -17,7 +16,7 @@ from dagster import (
     OpExecutionContext,
     Out,
     Output,
-    RetryPolicy,
+    RetryRequested,
     op,
 )
 
@@ -41,6 +40,9 @@ from media_hooks.orchestration.resources import DeliverySettingsResource, Postgr
 
 # The op pool (dagster.yaml, concurrency > pools) caps delivery steps across all runs.
 DELIVERY_POOL = "media_hooks_delivery"
+# An infrastructure fault fails a delivery step; Dagster retries it twice, after 2 s and 4 s.
+STEP_RETRIES = 2
+STEP_RETRY_SECONDS = 2.0
 COUNT_COLUMNS = (
     "attempted",
     "succeeded",
@@ -224,7 +226,6 @@ def _shard_rows(max_rows: int | None, shard: Shard) -> int | None:
     "the table's), except outcomes the database refused to record: that failure is final, "
     "never hidden by a retry.",
     pool=DELIVERY_POOL,
-    retry_policy=RetryPolicy(max_retries=2, delay=2, backoff=Backoff.EXPONENTIAL),
     out=Out(ShardResult),
 )
 def deliver_shard(
@@ -242,6 +243,13 @@ def deliver_shard(
             description=str(exc),
             metadata={"deliveries": exc.delivery_ids},
             allow_retries=False,
+        ) from exc
+    except Exception as exc:
+        # Retried here rather than by a RetryPolicy: Dagster turns an interrupt (a canceled
+        # run) into a retry of a step that has one, and the in-process executor then runs it.
+        raise RetryRequested(
+            max_retries=STEP_RETRIES,
+            seconds_to_wait=STEP_RETRY_SECONDS * 2**context.retry_number,
         ) from exc
     totals, _ = tally((d, DeliveryCounts(**c)) for d, c in result.counts.items())
     per_destination = {

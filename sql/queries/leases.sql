@@ -20,6 +20,14 @@ SET published_at = coalesce(o.published_at, now())
 WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM page))
 RETURNING o.message_id, o.delivery_id;
 
+-- name: publish_messages
+-- description: The relay for messages a worker claimed itself (claim_destination_page): marked
+--   published as they are handed to the sender, by primary key. As with publish_page, the
+--   first publication time is kept and the lease decides who may send.
+UPDATE dispatch_outbox AS o
+SET published_at = coalesce(o.published_at, now())
+WHERE o.message_id = ANY (%(message_ids)s::text[]);
+
 -- name: lease_deliveries
 -- description: Lease published messages for one attempt each, only while the message is the
 --   delivery's current dispatch, and open their attempt rows before any request is sent; an

@@ -5,6 +5,7 @@ lock timeout (issue 11, part 1)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 import threading
@@ -333,7 +334,8 @@ def test_an_interrupted_concurrent_index_build_is_dropped_and_built_again(empty_
     index = sqlfiles.concurrent_index_name(statement)
     # A writer idle in its transaction makes the build wait; its lock timeout interrupts it,
     # leaving the invalid index an interrupted build leaves.
-    writer = _blocker(empty_database_url, "delivery_attempt", "ROW EXCLUSIVE")
+    (table,) = re.findall(r"\bON\s+(\w+)", statement)
+    writer = _blocker(empty_database_url, table, "ROW EXCLUSIVE")
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
         conn.execute("SET lock_timeout = '200ms'")
         with pytest.raises(psycopg.errors.LockNotAvailable):

@@ -102,6 +102,12 @@ CASES = {
     "add: timeout absurd": Case([*ADD, "--timeout", "1e308"], "timeout must be a number of seconds at least 0.1 and at most 600"),
     "add: attempts negative": Case([*ADD, "--max-attempts", "-1"], "max attempts must be a whole number at least"),
     "add: backoff nan": Case([*ADD, "--backoff-base", "nan"], "backoff base must be a number of seconds at least 0.1 and at most 86400, got nan"),
+    "add: star inside a type": Case([*ADD, "--event-type", "rights*.x"], "'*' may only end a pattern"),
+    "add: bare prefix star": Case([*ADD, "--event-type", ".*"], "'*' may only end a pattern"),
+    "add: space in a type": Case([*ADD, "--event-type", "rights updated"], "whitespace"),
+    "add: every type and more": Case([*ADD, "--event-type", "*", "--event-type", "a.b"], "cannot be combined"),
+    "add: unknown ordering": Case([*ADD, "--ordering", "global"], "invalid choice: 'global'"),
+    "add: unknown coalesce": Case([*ADD, "--coalesce", "event"], "invalid choice: 'event'"),
     "add: cap below base": Case([*ADD, "--backoff-base", "9", "--backoff-cap", "3"], "backoff cap"),
     "add: bad secret key": Case(
         [*ADD, "--secret", SECRET], "MEDIA_HOOKS_SECRET_KEY: key 1 of 1 is not a Fernet key",

@@ -144,6 +144,22 @@ CASES = {
         ["emit", "--destination", "pub", "--asset-id", "a", "--event-type", "t" * 300, "--payload", "{}"],
         "event_type is 300 characters long",
     ),
+    "emit: event id and destination": Case(
+        [*EMIT, "--payload", "{}", "--event-id", "e1"], "--event-id goes to every subscribed destination"
+    ),
+    "emit: event missing fields": Case(["emit", "--event-id", "e1", "--asset-id", "a"], "emit needs --event-type, --payload"),
+    "emit: dotted event id": Case(
+        ["emit", "--event-id", "e.1", "--asset-id", "a", "--event-type", "t", "--payload", "{}"], "'.'"
+    ),
+    "emit: event line with destination": Case(
+        ["emit", "--file", "{file}"], "line 1: field 'destination_id' does not go with event_id",
+        file=b'{"event_id": "e1", "destination_id": "pub", "asset_id": "a", "event_type": "t", "payload": {}}\n',
+    ),
+    "emit: event reused in a file": Case(
+        ["emit", "--file", "{file}"], "line 2: event_id 'e1' is already used by line 1",
+        file=b'{"event_id": "e1", "asset_id": "a", "event_type": "t", "payload": {}}\n'
+        b'{"event_id": "e1", "asset_id": "b", "event_type": "t", "payload": {}}\n',
+    ),
     "emit: no such file": Case(["emit", "--file", "/nonexistent/events.jsonl"], "cannot read"),
     "emit: a folder": Case(["emit", "--file", "/tmp"], "cannot read /tmp"),
     "emit: empty file": Case(["emit", "--file", "{file}"], "is empty", file=b""),

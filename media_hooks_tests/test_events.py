@@ -6,6 +6,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from media_hooks import figures
 from media_hooks.destinations import DestinationSpec, upsert_destination
 from media_hooks.emit import (
     Event,
@@ -17,6 +18,7 @@ from media_hooks.emit import (
     event_delivery_id,
 )
 from media_hooks.errors import UserError
+from media_hooks.inspection import inspect_event
 from media_hooks_tests.factories import add_destination
 
 
@@ -137,3 +139,22 @@ def test_single_emits_are_numbered_in_emission_order(conn, settings):
             emit(conn, Event("pub", "a1", "rights.updated", {"revision": n}))
     rows = conn.execute("SELECT payload, emit_seq FROM webhook_delivery ORDER BY emit_seq")
     assert [r["payload"]["revision"] for r in rows] == [0, 1, 2]
+
+
+def test_inspect_an_event_lists_its_deliveries_and_their_verdicts(conn, subscribers):
+    emit_event(conn, _rights(1))
+    conn.execute("UPDATE webhook_delivery SET state = 'succeeded' WHERE destination_id = 'rights'")
+    story = inspect_event(conn, "ev-1")
+    verdicts = {s.delivery["destination_id"]: s.verdict.kind for s in story.deliveries}
+    assert verdicts == {"everything": "due", "idle": "waiting", "rights": "succeeded"}
+    document = story.as_dict()
+    assert document["event"]["destination_ids"] == ["everything", "idle", "rights"]
+    with pytest.raises(UserError, match="no event 'ev-9'"):
+        inspect_event(conn, "ev-9")
+
+
+def test_status_counts_by_event_type(conn, subscribers):
+    emit_event(conn, _rights(1))
+    emit_event(conn, FanOutEvent("ev-2", "a1", "transcode.completed", {}))
+    f = figures.measure(conn, by="event-type")
+    assert f.counts == {"rights.updated": {"pending": 3}, "transcode.completed": {"pending": 2}}

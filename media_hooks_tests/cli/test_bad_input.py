@@ -49,6 +49,7 @@ CASES = {
     "no command": Case([], "required: command"),
     "unknown command": Case(["deliver"], "invalid choice: 'deliver'"),
     "unknown option": Case(["status", "--all"], "unrecognized arguments: --all"),
+    "status: unknown grouping": Case(["status", "--by", "asset"], "invalid choice: 'asset'"),
     # db migrate
     "migrate: lock timeout nan": Case(["db", "migrate", "--lock-timeout", "nan"], "--lock-timeout"),
     "migrate: max wait inf": Case(["db", "migrate", "--max-wait", "inf"], "--max-wait"),

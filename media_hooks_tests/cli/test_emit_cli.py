@@ -317,3 +317,10 @@ def test_emit_an_event_without_a_destination_fans_out_and_says_when_nothing_matc
     )
     again = run_cli("emit", "--event-id", "e1", "--event-type", "rights.updated", *event, env=env)
     assert again.stdout.strip() == "already present event e1 (nothing recorded)"
+    inspected = run_cli("inspect", "e1", env=env)
+    assert inspected.returncode == 0, inspected.stderr
+    assert "event e1: rights.updated for asset a1" in inspected.stdout
+    assert "due now, waiting for a run" in inspected.stdout
+    by_type = run_cli("status", "--by", "event-type", env=env)
+    assert by_type.returncode == 0, by_type.stderr
+    assert "rights.updated" in by_type.stdout and "event type" in by_type.stdout

@@ -24,6 +24,7 @@ class SweepFigures:
     expired_leases: int
     stale_enqueues: int
     breaker_disabled: int
+    superseded: int = 0
 
 
 def _moved(conn: psycopg.Connection, name: str, params: dict[str, Any]) -> int:
@@ -45,6 +46,12 @@ def sweep_expired_leases(conn: psycopg.Connection) -> int:
 
 def sweep_stale_enqueues(conn: psycopg.Connection, timeout_seconds: float) -> int:
     return _repeat(conn, "sweep_stale_enqueues", {"timeout_seconds": timeout_seconds})
+
+
+def sweep_superseded(conn: psycopg.Connection) -> int:
+    """Close the pending deliveries that a newer one of their asset and type supersedes, on
+    destinations that coalesce by asset (``destination add --coalesce asset``)."""
+    return _repeat(conn, "sweep_superseded", {})
 
 
 def release_run(conn: psycopg.Connection, run_id: str) -> int:
@@ -71,4 +78,5 @@ def run_sweeps(conn: psycopg.Connection, settings: Settings) -> SweepFigures:
         expired_leases=sweep_expired_leases(conn),
         stale_enqueues=sweep_stale_enqueues(conn, settings.enqueue_timeout_seconds),
         breaker_disabled=len(trip_circuit_breakers(conn, settings)),
+        superseded=sweep_superseded(conn),
     )

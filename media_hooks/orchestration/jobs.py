@@ -30,7 +30,11 @@ from media_hooks.orchestration.ops.delivery import (
     partition_by_destination,
     summarize_run,
 )
-from media_hooks.orchestration.ops.operator import purge_terminal_deliveries, requeue_deliveries
+from media_hooks.orchestration.ops.operator import (
+    discard_dead_deliveries,
+    purge_terminal_deliveries,
+    requeue_deliveries,
+)
 
 DELIVERY_RUN_TAG = {"media_hooks/kind": "delivery"}
 # Steps at once within one run: twice the cores, at least 4. On 2 cores, 4 step processes
@@ -114,6 +118,14 @@ def deliver_webhooks():
 @job(description="Requeues a cohort (dead letters by default); dry run unless told otherwise.")
 def requeue_cohort():
     requeue_deliveries()
+
+
+@job(
+    description="Discards dead deliveries (closed unsent, no longer dead letters): an ordered "
+    "queue's dead head lets the asset's later deliveries go."
+)
+def discard_dead():
+    discard_dead_deliveries()
 
 
 @job(description="Deletes terminal deliveries past the retention window; keeps tombstones.")

@@ -83,7 +83,9 @@ $$;
 --     terminal, or is dead without being closed (a dead head holds its successors until an
 --     operator requeues or discards it: sending past it would break the order it exists for).
 --   coalescing 'asset': not while a newer delivery of the same destination, asset and event type
---     exists that is not closed (media_hooks_close_superseded closes this one).
+--     exists that is not closed (the sweep sweep_superseded closes this one), nor while an older
+--     one of them is in flight (enqueued or leased): it may fail and come back, and is then
+--     superseded by this one instead of being retried after it.
 -- "Earlier" is emission order: (created_at, emit_seq), then delivery_id among rows recorded
 -- before 0011. Both look-ups read one asset's open queue (index webhook_delivery_asset_queue,
 -- 0012), whose rows are those with closed_reason NULL that are not succeeded.
@@ -121,8 +123,10 @@ BEGIN
           AND n.asset_id = p_asset_id
           AND n.state <> 'succeeded' AND n.closed_reason IS NULL
           AND n.event_type = p_event_type
-          AND (n.created_at, coalesce(n.emit_seq, 0), n.delivery_id)
-              > (p_created_at, coalesce(p_emit_seq, 0), p_delivery_id)
+          AND n.delivery_id <> p_delivery_id
+          AND ((n.created_at, coalesce(n.emit_seq, 0), n.delivery_id)
+                   > (p_created_at, coalesce(p_emit_seq, 0), p_delivery_id)
+               OR n.state IN ('enqueued', 'leased'))
     ) THEN
         RETURN false;
     END IF;

@@ -17,12 +17,16 @@ SELECT d.delivery_id, d.destination_id, d.asset_id, d.event_type, d.payload, d.s
        now() AS measured_at
 FROM webhook_delivery AS d
 JOIN webhook_destination AS w ON w.destination_id = d.destination_id
--- On an ordered destination: the head of the asset's queue, when it is an earlier delivery
--- (what media_hooks_may_claim_v1 holds this one behind; index webhook_delivery_asset_queue).
+-- On an ordered destination: the head of the asset's queue, when it is an earlier delivery; on
+-- a coalescing one, an earlier one of the same type in flight (what media_hooks_may_claim_v1
+-- holds this one behind; index webhook_delivery_asset_queue).
 LEFT JOIN LATERAL (
     SELECT e.delivery_id, e.state
     FROM webhook_delivery AS e
-    WHERE w.ordering = 'asset' AND d.state = 'pending'
+    WHERE d.state = 'pending'
+      AND (w.ordering = 'asset'
+           OR (w.coalescing = 'asset' AND e.event_type = d.event_type
+               AND e.state IN ('enqueued', 'leased')))
       AND e.destination_id = d.destination_id AND e.asset_id = d.asset_id
       AND e.state <> 'succeeded' AND e.closed_reason IS NULL
       AND (e.created_at, coalesce(e.emit_seq, 0), e.delivery_id)

@@ -46,6 +46,48 @@ moved AS (
 )
 SELECT count(*)::integer AS moved FROM moved;
 
+-- name: sweep_superseded
+-- description: On a destination that coalesces by asset, a pending delivery for which a newer
+--   one of the same asset and event type exists (not closed) is closed unsent: dead, with the
+--   recorded reason 'superseded' and the newest one's id (closed_by). During a publisher's
+--   outage a backlog of revisions collapses to the newest. A delivery in flight is not touched:
+--   if it comes back pending, a later sweep closes it (the newer one waits for it meanwhile,
+--   media_hooks_may_claim_v1).
+-- keeps: invariant 3 (the delivery ends terminal, with its reason), invariant 1 (nothing is
+--   sent under another id). Each newer look-up reads one asset's open queue
+--   (webhook_delivery_asset_queue).
+WITH stale AS (
+    SELECT o.delivery_id, newest.delivery_id AS superseded_by
+    FROM webhook_destination AS w
+    JOIN webhook_delivery AS o ON o.destination_id = w.destination_id AND o.state = 'pending'
+    CROSS JOIN LATERAL (
+        SELECT n.delivery_id
+        FROM webhook_delivery AS n
+        WHERE n.destination_id = o.destination_id AND n.asset_id = o.asset_id
+          AND n.state <> 'succeeded' AND n.closed_reason IS NULL
+          AND n.event_type = o.event_type
+          AND (n.created_at, coalesce(n.emit_seq, 0), n.delivery_id)
+              > (o.created_at, coalesce(o.emit_seq, 0), o.delivery_id)
+        ORDER BY n.created_at DESC, coalesce(n.emit_seq, 0) DESC, n.delivery_id DESC
+        LIMIT 1
+    ) AS newest
+    WHERE w.coalescing = 'asset'
+    LIMIT %(limit_rows)s
+    FOR UPDATE OF o SKIP LOCKED
+),
+moved AS (
+    UPDATE webhook_delivery AS d
+    SET state = 'dead',
+        closed_reason = 'superseded',
+        closed_by = stale.superseded_by,
+        wait_reason = 'superseded by ' || stale.superseded_by,
+        updated_at = now()
+    FROM stale
+    WHERE d.delivery_id = stale.delivery_id AND d.state = 'pending'
+    RETURNING d.delivery_id
+)
+SELECT count(*)::integer AS moved FROM moved;
+
 -- name: release_run
 -- description: Every enqueued or leased delivery whose current dispatch belongs to a run that
 --   is known to have failed goes back to pending, due now: enqueued ones directly, leased ones

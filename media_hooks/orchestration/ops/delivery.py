@@ -142,6 +142,7 @@ def claim_due_pages(
             "swept_expired_leases": swept.expired_leases,
             "swept_stale_enqueues": swept.stale_enqueues,
             "breaker_disabled": swept.breaker_disabled,
+            "superseded": swept.superseded,
             "requeued_dead": requeued,
             "cohort": MetadataValue.json(cohort.describe()),
             "seconds": MetadataValue.float(time.monotonic() - started),

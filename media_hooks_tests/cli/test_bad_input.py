@@ -161,6 +161,9 @@ CASES = {
         file=b'{"event_id": "e1", "asset_id": "a", "event_type": "t", "payload": {}}\n'
         b'{"event_id": "e1", "asset_id": "b", "event_type": "t", "payload": {}}\n',
     ),
+    "discard: no reason": Case(["discard", "d-1", "--reason", " "], "needs a reason"),
+    "discard: dotted id": Case(["discard", "d.1", "--reason", "obsolete"], "'.'"),
+    "discard: unknown delivery": Case(["discard", "nope", "--reason", "obsolete"], "no delivery 'nope'"),
     "emit: no such file": Case(["emit", "--file", "/nonexistent/events.jsonl"], "cannot read"),
     "emit: a folder": Case(["emit", "--file", "/tmp"], "cannot read /tmp"),
     "emit: empty file": Case(["emit", "--file", "{file}"], "is empty", file=b""),

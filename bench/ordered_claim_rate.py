@@ -1,8 +1,9 @@
 """Ordered claim (issue 14): rows/s the reconciler claims from a 100,000 backlog on a destination
 with ``--ordering asset`` against the same backlog on a plain destination, in the same run.
 
-Backlog shapes (each run claims the whole due backlog with ``reconciler.claim_due``, pages of
-250, in a fresh clone of the seeded database):
+Backlog shapes (each run is a delivery run's reconciler step: the sweeps, which park held
+deliveries, then ``reconciler.claim_due`` of the whole due backlog in pages of 250; timed
+together, in a fresh clone of the seeded database):
 
 - ``distinct``: every delivery a different asset: every row is a queue head, so the ordered
   claim pays the rule's look-up on every row and claims all of them.
@@ -25,7 +26,9 @@ from typing import Any
 import psycopg
 
 from bench.scratch import Scratch, postgres, server_url, write_results
+from media_hooks import sweeps
 from media_hooks.cohort import Cohort
+from media_hooks.config import Settings
 from media_hooks.reconciler import claim_due
 
 TARGET_RATIO = 0.5
@@ -58,8 +61,11 @@ def _seeder(ordering: str, rows: int, per_asset: int) -> Callable[[str], None]:
 
 
 def _claim_all(url: str) -> dict[str, float]:
+    """A run's reconciler step: the sweeps that precede its claims (they park held deliveries),
+    then the claim of the whole due backlog."""
     with psycopg.connect(url, autocommit=True, row_factory=psycopg.rows.dict_row) as conn:
         started = time.perf_counter()
+        sweeps.run_sweeps(conn, Settings.from_env())
         figures = claim_due(conn, "bench-run", Cohort(), page_size=250)
         seconds = time.perf_counter() - started
     return {"claimed": figures.claimed, "seconds": seconds, "per_second": figures.claimed / seconds}

@@ -306,6 +306,8 @@ def upsert_destination(
             created = _fetch(conn, "destination_create_with_defaults", params)
             (stored,) = _fetch(conn, "destination_update_given", params)
             _check_stored(stored, settings)
+            if spec.ordering == "none":
+                _fetch(conn, "destination_release_parked", {"destination_id": spec.destination_id})
             if spec.event_types is not None:
                 patterns = subscription_patterns(spec.event_types)
                 subscription = {"destination_id": spec.destination_id, "patterns": patterns}

@@ -10,21 +10,26 @@ import os
 import subprocess
 import sys
 import threading
+from datetime import UTC, datetime
 
 import pytest
 
-from media_hooks import crashpoints, figures
+from media_hooks import crashpoints, figures, sweeps
 from media_hooks.cohort import Cohort
 from media_hooks.delivery_run import deliver_due
+from media_hooks.destinations import DestinationSpec, upsert_destination
 from media_hooks.discard import discard
 from media_hooks.emit import Event, emit
 from media_hooks.inspection import inspect_delivery
 from media_hooks.receiver import Receiver, Reply
 from media_hooks.reconciler import claim_due
 from media_hooks.requeue import requeue
+from media_hooks.sqlfiles import query
 from media_hooks_tests.conftest import REPO
 from media_hooks_tests.factories import add_destination, states
-from media_hooks_tests.interleaving import open_session
+from media_hooks_tests.interleaving import in_background, open_session, wait_until_blocked
+
+EPOCH = datetime(1, 1, 1, tzinfo=UTC)
 
 
 def _emit_revisions(conn, destination_id: str, assets: dict[str, int]) -> dict[tuple, str]:
@@ -168,6 +173,7 @@ import sys
 from media_hooks import db
 from media_hooks.config import Settings
 from media_hooks.delivery_run import deliver_due
+from media_hooks.destinations import DestinationSpec, upsert_destination
 with db.open_pool(sys.argv[1]) as pool:
     deliver_due(pool, sys.argv[2], Settings.from_env())
 """
@@ -221,3 +227,65 @@ def test_the_claim_rule_is_true_at_once_for_plain_destinations(conn, ordering):
         (ordering,),
     ).fetchone()
     assert row["ok"] is True
+
+
+def _due(conn, delivery_id: str) -> bool:
+    row = conn.execute(
+        "SELECT next_attempt_at <= now() AS due FROM webhook_delivery WHERE delivery_id = %s",
+        (delivery_id,),
+    ).fetchone()
+    return row["due"]
+
+
+def test_held_deliveries_are_parked_once_and_released_in_order_when_the_head_settles(conn):
+    add_destination(conn, "ordered", ordering="asset")
+    ids = _emit_revisions(conn, "ordered", {"a1": 3})
+    assert sweeps.sweep_park_held(conn) == 2
+    assert [_due(conn, ids[("a1", n)]) for n in (1, 2, 3)] == [True, False, False]
+    assert inspect_delivery(conn, ids[("a1", 3)]).verdict.kind == "held"
+    assert sweeps.sweep_park_held(conn) == 0, "parked once"
+
+    _settle(conn, ids[("a1", 1)], "succeeded")
+    assert [_due(conn, ids[("a1", n)]) for n in (2, 3)] == [True, False]
+    discard_head = ids[("a1", 2)]
+    _settle(conn, discard_head, "dead")
+    assert not _due(conn, ids[("a1", 3)]), "a dead head holds"
+    discard(conn, [discard_head], reason="obsolete", requested_by="op")
+    assert _due(conn, ids[("a1", 3)])
+
+
+def test_a_head_settling_while_the_sweep_parks_loses_no_wakeup(conn, database_url):
+    """Interleaving: the sweep has parked revision 2 and holds its share lock on revision 1;
+    a worker recording revision 1's success waits for it, and its trigger then releases
+    revision 2. The other order: the worker's trigger holds revision 2, and the sweep leaves it
+    unparked."""
+    add_destination(conn, "ordered", ordering="asset")
+    ids = _emit_revisions(conn, "ordered", {"a1": 2, "a2": 2})
+    first, second = ids[("a1", 1)], ids[("a1", 2)]
+    with open_session(database_url) as sweeper, open_session(database_url) as worker:
+        parked = sweeper.execute(
+            query("sweep_park_held"),
+            {"after_destination": "", "after_asset": "", "after_created_at": EPOCH,
+             "after_emit_seq": -1, "limit_rows": 100},
+        ).fetchone()  # fmt: skip
+        assert parked["moved"] == 2
+        settle = "UPDATE webhook_delivery SET state = 'succeeded' WHERE delivery_id = %s"
+        with in_background(lambda: (worker.execute(settle, (first,)), worker.commit())) as done:
+            wait_until_blocked(conn, worker.info.backend_pid, done)
+            sweeper.commit()
+        assert _due(conn, second), "released by the trigger once the sweep committed"
+
+        worker.execute(settle, (ids[("a2", 1)],))  # in flight: its trigger holds revision 2
+        assert sweeps.sweep_park_held(conn) == 0
+        worker.commit()
+    assert _due(conn, ids[("a2", 2)])
+
+
+def test_turning_ordering_off_releases_parked_deliveries(conn, settings):
+    add_destination(conn, "ordered", ordering="asset")
+    ids = _emit_revisions(conn, "ordered", {"a1": 2})
+    sweeps.sweep_park_held(conn)
+    assert not _due(conn, ids[("a1", 2)])
+    spec = DestinationSpec("ordered", "http://127.0.0.1:9/", ordering="none")
+    upsert_destination(conn, spec, settings)
+    assert _due(conn, ids[("a1", 2)])

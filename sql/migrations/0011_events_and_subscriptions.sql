@@ -133,3 +133,50 @@ BEGIN
     RETURN true;
 END;
 $$;
+
+-- An ordered destination's held deliveries are parked out of the claim's way: the sweep
+-- sweep_park_held moves a due delivery held behind an earlier one of its asset to
+-- next_attempt_at = 9999-01-01 (past the claim's due scan; a time every client library reads,
+-- unlike 'infinity'), and when a delivery leaves its asset's open queue (succeeded, closed
+-- unsent, or purged) this trigger makes the new head of the queue due again if it was parked.
+-- The claim then passes each held delivery once, not once per page.
+-- The head is updated even when it was not parked (its due time kept): the update waits for a
+-- sweep parking it at that moment, then sees the parking, so no head is left parked.
+-- keeps: invariant 3 (a parked delivery is due again once it heads its queue), invariant 10.
+CREATE FUNCTION media_hooks_release_queue_head_v1() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM webhook_destination AS w
+               WHERE w.destination_id = OLD.destination_id AND w.ordering = 'asset') THEN
+        UPDATE webhook_delivery AS d
+        SET next_attempt_at = CASE WHEN d.next_attempt_at >= timestamptz '9999-01-01 00:00:00+00'
+                                   THEN now() ELSE d.next_attempt_at END,
+            wait_reason = CASE WHEN d.next_attempt_at >= timestamptz '9999-01-01 00:00:00+00'
+                               THEN 'released: the earlier deliveries of its asset are done'
+                               ELSE d.wait_reason END
+        WHERE d.delivery_id = (
+                SELECT e.delivery_id
+                FROM webhook_delivery AS e
+                WHERE e.destination_id = OLD.destination_id AND e.asset_id = OLD.asset_id
+                  AND e.state <> 'succeeded' AND e.closed_reason IS NULL
+                  AND e.delivery_id <> OLD.delivery_id
+                ORDER BY e.created_at, coalesce(e.emit_seq, 0), e.delivery_id
+                LIMIT 1)
+          AND d.state = 'pending';
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER webhook_delivery_release_queue_head
+    AFTER UPDATE OF state, closed_reason ON webhook_delivery
+    FOR EACH ROW
+    WHEN ((NEW.state = 'succeeded' AND OLD.state <> 'succeeded')
+          OR (NEW.closed_reason IS NOT NULL AND OLD.closed_reason IS NULL))
+    EXECUTE FUNCTION media_hooks_release_queue_head_v1();
+
+CREATE TRIGGER webhook_delivery_release_queue_head_on_purge
+    AFTER DELETE ON webhook_delivery
+    FOR EACH ROW
+    WHEN (OLD.state <> 'succeeded' AND OLD.closed_reason IS NULL)
+    EXECUTE FUNCTION media_hooks_release_queue_head_v1();

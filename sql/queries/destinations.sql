@@ -76,6 +76,18 @@ INSERT INTO destination_subscription (destination_id, pattern)
 SELECT %(destination_id)s, p FROM unnest(%(patterns)s::text[]) AS p
 ON CONFLICT (destination_id, pattern) DO NOTHING;
 
+-- name: destination_release_parked
+-- description: a destination that no longer orders by asset: its deliveries parked behind an
+-- earlier one of their asset (sweep_park_held) are due again now.
+-- invariant 3: nothing stays parked once no rule holds it.
+UPDATE webhook_delivery
+SET next_attempt_at = now(),
+    wait_reason = 'released: the destination no longer orders by asset',
+    updated_at = now()
+WHERE destination_id = %(destination_id)s
+  AND state = 'pending'
+  AND next_attempt_at >= timestamptz '9999-01-01 00:00:00+00';
+
 -- name: destination_enable
 -- description: turns a destination on and forgets why it was off.
 -- invariant 3: its pending deliveries were kept while it was off and are due again now.

@@ -143,6 +143,7 @@ def claim_due_pages(
             "swept_stale_enqueues": swept.stale_enqueues,
             "breaker_disabled": swept.breaker_disabled,
             "superseded": swept.superseded,
+            "parked_held": swept.parked,
             "requeued_dead": requeued,
             "cohort": MetadataValue.json(cohort.describe()),
             "seconds": MetadataValue.float(time.monotonic() - started),

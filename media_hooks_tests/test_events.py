@@ -6,7 +6,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from media_hooks import figures
+from media_hooks import figures, retention
 from media_hooks.destinations import DestinationSpec, upsert_destination
 from media_hooks.emit import (
     Event,
@@ -158,3 +158,11 @@ def test_status_counts_by_event_type(conn, subscribers):
     emit_event(conn, FanOutEvent("ev-2", "a1", "transcode.completed", {}))
     f = figures.measure(conn, by="event-type")
     assert f.counts == {"rights.updated": {"pending": 3}, "transcode.completed": {"pending": 2}}
+
+
+def test_retention_forgets_events_with_their_tombstones(conn, subscribers):
+    emit_event(conn, _rights(1))
+    later = conn.execute("SELECT now() + interval '500 days' AS t").fetchone()["t"]
+    figures_ = retention.run_retention(conn, retention.RetentionPolicy(), now=later)
+    assert figures_.events_expired == 1
+    assert conn.execute("SELECT count(*) AS n FROM webhook_event").fetchone()["n"] == 0

@@ -32,7 +32,8 @@ CREATE TABLE webhook_event (
     created_at       timestamptz NOT NULL DEFAULT now()
 );
 
-CREATE INDEX webhook_event_type ON webhook_event (event_type, created_at);
+-- Retention forgets events with the tombstones of their deliveries (the duplicate window).
+CREATE INDEX webhook_event_created ON webhook_event (created_at);
 
 -- Per destination: 'asset' sends an asset's deliveries strictly in emission order (ordering),
 -- or closes an asset's older unsent deliveries of one event type when a newer one exists

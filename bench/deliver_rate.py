@@ -4,7 +4,7 @@ The same due deliveries (destinations whose limits never bind, on the receiver's
 paths), delivered by:
 
 - ``engine``: ``deliver_due`` in a process of its own (and ``engine_unpinned``: the same with
-  ``MEDIA_HOOKS_DELIVERY_CPU=off``, its threads left to the scheduler like the job's steps);
+  ``MEDIA_HOOKS_DELIVERY_CPU=off``, its threads left to the scheduler);
 - ``job``: ``media-hooks run --until-idle --json``;
 - ``bare_requests``: one ``requests.Session`` posting the same bodies one after another;
 - ``rejected_design``: the design record's rejected design (select every pending row, POST

@@ -2,7 +2,7 @@
 
 For each backlog (spread over a few destinations on the instant receiver) the engine and the
 job each start a plain run, with their defaults, and the resident memory of the run's process
-and all its descendants (the job's forkserver and step processes) is summed every 0.1 s. A
+and all its descendants (any step processes an executor starts) is summed every 0.1 s. A
 run is watched until the receiver has seen a few thousand of its deliveries (or it ends, or a
 time limit passes) and then stopped: by then it has claimed, planned and started delivering,
 so a run that holds the whole backlog shows it (a million rows would take far longer to
@@ -109,9 +109,9 @@ def measure(session: Session) -> dict[str, Any]:
             f"{size.memory_deliveries:,} of its deliveries, or at its time limit: the figure "
             "is the peak while it was watched.",
             "fairness: deliveries of the least served destination over the most served's, "
-            "while the run was watched. The engine process has a pool of destinations + 4 "
-            "connections; deliver_due starts a thread per batch of 1,000, and the threads get "
-            "connections in batch order, destination after destination.",
+            "while the run was watched. Both paths run a thread per due destination, each "
+            "claiming its own pages of 250 as it sends them (round-robin: none waits behind "
+            "another's backlog), with a connection each.",
         ]
         + (
             [f"Backlogs scaled down from 10,000 / 100,000 / 1,000,000 at the {size.name} size."]

@@ -111,10 +111,20 @@ def run_measured(
 
 
 def start(
-    command: list[str], env: dict[str, str] | None = None, *, capture: bool = False
+    command: list[str],
+    env: dict[str, str] | None = None,
+    *,
+    capture: bool = False,
+    log: Path | None = None,
 ) -> subprocess.Popen:
     """Start ``command`` from the repository root in a session of its own, so that
-    ``stop_group`` reaches everything it starts; its output is captured (text) or discarded."""
+    ``stop_group`` reaches everything it starts; its output is captured (text), appended to
+    ``log``, or discarded."""
+    if log is not None:
+        with log.open("a") as output:
+            return subprocess.Popen(
+                command, env=env, cwd=REPO, stdout=output, stderr=output, start_new_session=True
+            )
     output = subprocess.PIPE if capture else subprocess.DEVNULL
     return subprocess.Popen(
         command, env=env, cwd=REPO, stdout=output, stderr=output, text=True, start_new_session=True
@@ -162,3 +172,8 @@ def _signal_group(process: subprocess.Popen, number: int) -> None:
         os.killpg(process.pid, number)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL a process started in a session of its own, with everything it started."""
+    _signal_group(process, signal.SIGKILL)

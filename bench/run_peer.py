@@ -1,6 +1,6 @@
 """Runs one path of a measurement as a process of its own and prints its JSON figures.
 
-    python -m bench.run_peer engine URL --run-id R [--page-size N] [--batch-size N]
+    python -m bench.run_peer engine URL --run-id R [--page-size N]
     python -m bench.run_peer bare URL
     python -m bench.run_peer rejected URL
     python -m bench.run_peer procrastinate URL --concurrency N
@@ -26,13 +26,10 @@ def main() -> None:
         command.add_argument("url")
     commands.choices["engine"].add_argument("--run-id", required=True)
     commands.choices["engine"].add_argument("--page-size", type=int)
-    commands.choices["engine"].add_argument("--batch-size", type=int)
     commands.choices["procrastinate"].add_argument("--concurrency", type=int, required=True)
     args = parser.parse_args()
     actions: dict[str, Callable[[], dict]] = {
-        "engine": lambda: peers.engine(
-            args.url, args.run_id, **_given(args, "page_size", "batch_size")
-        ),
+        "engine": lambda: peers.engine(args.url, args.run_id, **_given(args, "page_size")),
         "bare": lambda: peers.bare(args.url),
         "rejected": lambda: peers.rejected(args.url),
         "procrastinate": lambda: peers.procrastinate_worker(args.url, args.concurrency),

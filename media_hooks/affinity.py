@@ -11,11 +11,12 @@ interpreter in parallel (TLS, libpq), which is what ``off`` is for.
 
 Only a delivery's own threads are pinned, and only while it runs: the calling thread gets its
 affinity back afterwards, and threads it started before keep theirs. ``auto`` pins a delivery
-that runs several batches in one process (the engine's ``deliver_due``) to the CPU it
-started on, where the scheduler placed it. It leaves a lone batch alone: Dagster's job runs
-each batch in a process of its own, several at once, and processes fixed each to one CPU
-cannot even out when the CPUs are oversubscribed (the former ``bench/dagster_overhead.py``: the job
-delivered 600/s pinned against 750/s left to the scheduler). A CPU number pins both.
+that runs several destinations (or batches) in one process (the engine's ``deliver_due`` and the
+job's delivery step) to the CPU it started on, where the scheduler placed it. It leaves a lone
+one alone: processes that each deliver one destination at once (overlapping runs, the
+multiprocess executor's steps), fixed each to one CPU, cannot even out when the CPUs are
+oversubscribed (the former ``bench/dagster_overhead.py``: 600/s pinned against 750/s left to
+the scheduler). A CPU number pins both.
 """
 
 from __future__ import annotations

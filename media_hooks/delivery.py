@@ -26,6 +26,7 @@ not be retried (retrying the step would leave them to lease expiry and hide the 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -53,7 +54,9 @@ from media_hooks import (
     leases,
     outcomes,
     rate_limits,
+    reconciler,
 )
+from media_hooks.cohort import Cohort
 from media_hooks.config import Settings
 from media_hooks.destinations import Destination, disable_destination, get_destination
 from media_hooks.leases import Lease, Message, Outcome
@@ -262,25 +265,125 @@ def _configuration_reason(result: AttemptResult) -> str:
     return reason + "); enable it once the URL or the setting is fixed"
 
 
+class BatchPages:
+    """A planned batch's outbox messages, page by page through the relay (``publish_page``).
+    Its messages are claimed already: a worker that stops hands every one of them back."""
+
+    def __init__(self, batch: Batch, page_size: int) -> None:
+        self.batch = batch
+        self.destination_id = batch.destination_id
+        self.page_size = page_size
+        self.after_message_id = ""
+
+    def next_page(self, conn: psycopg.Connection) -> list[Message]:
+        page = db.retrying(
+            "publish page",
+            lambda: leases.publish_page(
+                conn,
+                run_id=self.batch.run_id,
+                destination_id=self.destination_id,
+                after_message_id=self.after_message_id,
+                last_message_id=self.batch.last_message_id,
+                page_size=self.page_size,
+            ),
+        )
+        if page:
+            self.after_message_id = page[-1].message_id
+        return page
+
+    def stop(self) -> None:
+        """Nothing to stop: the rest of the batch is the worker's to hand back."""
+
+
+class RowBudget:
+    """The most rows a run claims, shared by the workers of its destinations (None: no cap)."""
+
+    def __init__(self, rows: int | None) -> None:
+        self._left = rows
+        self._lock = threading.Lock()
+
+    def take(self, wanted: int) -> int:
+        with self._lock:
+            if self._left is None:
+                return wanted
+            granted = min(wanted, self._left)
+            self._left -= granted
+            return granted
+
+    def give_back(self, rows: int) -> None:
+        with self._lock:
+            if self._left is not None:
+                self._left += rows
+
+
+class DuePages:
+    """One destination's due deliveries, claimed for the run a page at a time as its worker
+    runs out of messages (``claim_destination_page``), then published. Claiming stops at the
+    first page that comes back short (nothing more was due), when the run's row budget is
+    spent, or when the worker stops (it then hands back what it holds and claims nothing)."""
+
+    def __init__(
+        self,
+        run_id: str,
+        destination_id: str,
+        cohort: Cohort,
+        page_size: int,
+        budget: RowBudget,
+    ) -> None:
+        self.run_id = run_id
+        self.destination_id = destination_id
+        self.cohort = cohort
+        self.page_size = page_size
+        self.budget = budget
+        self.claimed = 0
+        self.done = False
+
+    def next_page(self, conn: psycopg.Connection) -> list[Message]:
+        if self.done:
+            return []
+        size = self.budget.take(self.page_size)
+        if size == 0:
+            self.done = True
+            return []
+        try:
+            page = reconciler.claim_destination_page(
+                conn, self.run_id, self.destination_id, self.cohort, size
+            )
+        except BaseException:
+            self.budget.give_back(size)
+            raise
+        self.budget.give_back(size - len(page))
+        self.claimed += len(page)
+        self.done = len(page) < size
+        db.retrying("publish page", lambda: leases.publish_messages(conn, page))
+        return page
+
+    def stop(self) -> None:
+        self.done = True
+
+
 class _BatchWorker:
-    """Delivers one batch; the state of one ``deliver_batch`` call."""
+    """Delivers one destination's messages from ``pages``; the state of one delivery of a
+    batch (``deliver_batch``) or of a destination's due work (``deliver_destination``)."""
 
     def __init__(
         self,
         conn: psycopg.Connection,
         run_id: str,
-        batch: Batch,
+        pages: BatchPages | DuePages,
         settings: Settings,
         *,
-        page_size: int,
         max_wait_seconds: float,
+        stop: threading.Event,
     ) -> None:
         self.conn = conn
         self.run_id = run_id
-        self.batch = batch
+        self.pages = pages
+        self.destination_id = pages.destination_id
         self.settings = settings
-        self.page_size = page_size
         self.max_wait_seconds = max_wait_seconds
+        # Set when the run is stopped (canceled): the worker hands back what it holds at once.
+        self.stop = stop
         # Every batch of a run holds its permits under the run's id, so the run's failure
         # handling can free them at once (sweeps.release_run) instead of waiting out the holds.
         self.holder = run_id
@@ -295,7 +398,6 @@ class _BatchWorker:
         # Senders and thread pools replaced by a changed destination; closed at the end.
         self.retired: list[Sender | ThreadPoolExecutor] = []
         self.waiting: deque[Message] = deque()
-        self.after_message_id = ""
         self.pages_exhausted = False
         # Leases taken and not yet handed to a sender; requests in flight, with their slot; and
         # when each lease ends (monotonic): its outcome is retried until shortly before.
@@ -321,7 +423,7 @@ class _BatchWorker:
         """Read the destination again and apply what changed: a new URL, secrets, timeout or
         in-flight limit gets a new sender (requests in flight finish on the old one); settings
         the engine cannot honour disable it. Grants read the rest (enabled, pause, rates)."""
-        current = self._db("read destination", get_destination, self.batch.destination_id)
+        current = self._db("read destination", get_destination, self.destination_id)
         self.refreshed_at = time.monotonic()
         previous, self.destination = self.destination, current
         problem = destinations.out_of_range(current)
@@ -360,24 +462,15 @@ class _BatchWorker:
         """The destination stops for every worker until an operator enables it (a 410, or a
         configuration fault); this batch sends nothing more and hands the rest back."""
         if self.destination is not None and self.destination.enabled:
-            log.warning("disabling destination %s: %s", self.batch.destination_id, reason)
-            self._db("disable destination", disable_destination, self.batch.destination_id, reason)
+            log.warning("disabling destination %s: %s", self.destination_id, reason)
+            self._db("disable destination", disable_destination, self.destination_id, reason)
         self.stopped = reason
 
     # The relay ---------------------------------------------------------------------------
 
     def _next_page(self) -> list[Message]:
-        page = self._db(
-            "publish page",
-            leases.publish_page,
-            run_id=self.batch.run_id,
-            destination_id=self.batch.destination_id,
-            after_message_id=self.after_message_id,
-            last_message_id=self.batch.last_message_id,
-            page_size=self.page_size,
-        )
+        page = self.pages.next_page(self.conn)
         if page:
-            self.after_message_id = page[-1].message_id
             crashpoints.hit(crashpoints.AFTER_PUBLISH)
             self._refresh_destination()
         else:
@@ -513,7 +606,7 @@ class _BatchWorker:
             self._db(
                 "return permits",
                 rate_limits.release,
-                self.batch.destination_id,
+                self.destination_id,
                 self.returned_slots,
                 self.holder,
             )
@@ -535,7 +628,7 @@ class _BatchWorker:
                 self._db(
                     "pause destination",
                     rate_limits.pause_destination,
-                    self.batch.destination_id,
+                    self.destination_id,
                     seconds,
                     why,
                 )
@@ -554,9 +647,10 @@ class _BatchWorker:
     def _defer_rest(self, grant: rate_limits.Grant, why: str | None = None) -> None:
         """Hand every unsent message of the batch back to pending, due when worth trying: at
         the end of the destination's pause (as stored), or after the grant's wait."""
+        self.pages.stop()
         paused = bool(grant.reason and grant.reason.startswith("paused"))
         delay = 0.0 if paused else grant.retry_in
-        reason = why or f"destination {self.batch.destination_id} {grant.reason or 'unavailable'}"
+        reason = why or f"destination {self.destination_id} {grant.reason or 'unavailable'}"
         if paused:
             reason = f"waiting: destination {grant.reason}"
         while True:
@@ -593,14 +687,16 @@ class _BatchWorker:
         while True:
             if time.monotonic() - self.refreshed_at >= REFRESH_SECONDS:
                 self._refresh_destination()
+            if self.stop.is_set():
+                self._defer_rest(rate_limits.Grant(), f"due again: run {self.run_id} was stopped")
+                return
             self._refill()
             if not self.waiting and not self.in_flight:
                 return
             if self.stopped is not None and not self.in_flight:
                 self._defer_rest(
                     rate_limits.Grant(retry_in=rate_limits.DISABLED_POLL_SECONDS),
-                    f"waiting: destination {self.batch.destination_id} is disabled "
-                    f"({self.stopped})",
+                    f"waiting: destination {self.destination_id} is disabled ({self.stopped})",
                 )
                 return
             grant, used = self._step() if self.stopped is None else (rate_limits.Grant(), 0)
@@ -617,7 +713,7 @@ class _BatchWorker:
             else:
                 if self.finished:
                     self._record()  # nothing is in flight: record while waiting for a permit
-                time.sleep(max(grant.retry_in, 0.001))
+                self.stop.wait(max(grant.retry_in, 0.001))
 
     # Handing back ------------------------------------------------------------------------
 
@@ -643,9 +739,9 @@ class _BatchWorker:
             if failure is None:
                 raise
             log.exception(
-                "batch %s of %s: handing back after %r failed too",
-                self.batch.first_message_id,
-                self.batch.destination_id,
+                "delivery to %s in run %s: handing back after %r failed too",
+                self.destination_id,
+                self.run_id,
                 failure,
             )
         finally:
@@ -666,6 +762,30 @@ def _same_sending(before: Destination, after: Destination) -> bool:
     )
 
 
+def _deliver(
+    pool: ConnectionPool,
+    run_id: str,
+    pages: BatchPages | DuePages,
+    settings: Settings,
+    *,
+    max_wait_seconds: float,
+    stop: threading.Event | None,
+) -> DeliveryCounts:
+    with (
+        affinity.pinned(affinity.resolve(settings.delivery_cpu, batches=1)),
+        db.borrow(pool, db.Role.WORKER, settings) as conn,
+    ):
+        worker = _BatchWorker(
+            conn,
+            run_id,
+            pages,
+            settings,
+            max_wait_seconds=max_wait_seconds,
+            stop=stop or threading.Event(),
+        )
+        return worker.run()
+
+
 def deliver_batch(
     pool: ConnectionPool,
     run_id: str,
@@ -674,25 +794,80 @@ def deliver_batch(
     *,
     page_size: int = DEFAULT_PAGE_SIZE,
     max_wait_seconds: float = DEFAULT_MAX_WAIT_SECONDS,
+    stop: threading.Event | None = None,
 ) -> DeliveryCounts:
     """Deliver one batch of a run's outbox messages; ``run_id`` is the attempting run.
 
     ``batch.run_id`` names the run whose outbox rows these are; it differs from ``run_id``
     when a run is re-executed (the re-execution sends what its parent dispatched).
     """
-    with (
-        affinity.pinned(affinity.resolve(settings.delivery_cpu, batches=1)),
-        db.borrow(pool, db.Role.WORKER, settings) as conn,
-    ):
-        worker = _BatchWorker(
-            conn,
-            run_id,
-            batch,
-            settings,
-            page_size=page_size,
-            max_wait_seconds=max_wait_seconds,
-        )
-        return worker.run()
+    return _deliver(
+        pool,
+        run_id,
+        BatchPages(batch, page_size),
+        settings,
+        max_wait_seconds=max_wait_seconds,
+        stop=stop,
+    )
+
+
+@dataclass(frozen=True)
+class DestinationResult:
+    destination_id: str
+    claimed: int
+    counts: DeliveryCounts
+    seconds: float
+
+
+def deliver_destination(
+    pool: ConnectionPool,
+    run_id: str,
+    destination_id: str,
+    settings: Settings,
+    *,
+    cohort: Cohort,
+    budget: RowBudget,
+    claim_page_size: int,
+    max_wait_seconds: float = DEFAULT_MAX_WAIT_SECONDS,
+    stop: threading.Event | None = None,
+) -> DestinationResult:
+    """Deliver a destination's due deliveries of ``cohort`` for ``run_id``, claiming a page at
+    a time as the last one is sent (``DuePages``), until none is due or ``budget`` is spent."""
+    started = time.monotonic()
+    pages = DuePages(run_id, destination_id, cohort, claim_page_size, budget)
+    counts = _deliver(pool, run_id, pages, settings, max_wait_seconds=max_wait_seconds, stop=stop)
+    return DestinationResult(destination_id, pages.claimed, counts, time.monotonic() - started)
+
+
+def _in_threads(
+    settings: Settings,
+    work: list[Callable[[], T]],
+    stop: threading.Event,
+) -> Iterator[T]:
+    """Run each of ``work`` in a thread of its own, yielding results as they finish. A
+    failure of one does not stop the others: the first is raised once all have ended. An
+    interrupt (a canceled run) sets ``stop`` so that every one hands back what it holds."""
+    if not work:
+        return
+    failure: BaseException | None = None
+    with ThreadPoolExecutor(max_workers=len(work), thread_name_prefix="deliver") as executor:
+        # Each submit starts a thread, which inherits the run's one CPU (and its senders
+        # after it); the calling thread gets its own affinity back.
+        with affinity.pinned(affinity.resolve(settings.delivery_cpu, batches=len(work))):
+            futures = [executor.submit(one) for one in work]
+        try:
+            for future in as_completed(futures):
+                try:
+                    result = future.result()
+                except Exception as exc:
+                    failure = failure or exc
+                    continue
+                yield result
+        except BaseException:
+            stop.set()
+            raise
+    if failure is not None:
+        raise failure
 
 
 def deliver_batches(
@@ -700,19 +875,49 @@ def deliver_batches(
     run_id: str,
     batches: list[Batch],
     settings: Settings,
+    *,
+    stop: threading.Event | None = None,
     **options,
 ) -> Iterator[tuple[Batch, DeliveryCounts]]:
     """Deliver batches concurrently, one thread per batch: a slow or rate-limited
     destination never holds up another's. Yields each batch's counts as it finishes."""
-    if not batches:
-        return
-    with ThreadPoolExecutor(max_workers=len(batches), thread_name_prefix="batch") as executor:
-        # Each submit starts a batch thread, which inherits the run's one CPU (and its
-        # senders after it); the calling thread gets its own affinity back.
-        with affinity.pinned(affinity.resolve(settings.delivery_cpu, batches=len(batches))):
-            futures: dict[Future, Batch] = {
-                executor.submit(deliver_batch, pool, run_id, batch, settings, **options): batch
-                for batch in batches
-            }
-        for future in as_completed(futures):
-            yield futures[future], future.result()
+    stop = stop or threading.Event()
+
+    def one(batch: Batch) -> Callable[[], tuple[Batch, DeliveryCounts]]:
+        return lambda: (batch, deliver_batch(pool, run_id, batch, settings, stop=stop, **options))
+
+    yield from _in_threads(settings, [one(batch) for batch in batches], stop)
+
+
+def deliver_destinations(
+    pool: ConnectionPool,
+    run_id: str,
+    destination_ids: list[str],
+    settings: Settings,
+    *,
+    cohort: Cohort,
+    claim_page_size: int,
+    max_rows: int | None = None,
+    stop: threading.Event | None = None,
+    **options,
+) -> Iterator[DestinationResult]:
+    """Deliver the due work of each destination concurrently, one thread each, every one
+    claiming its own pages (round-robin: none waits behind another's backlog), at most
+    ``max_rows`` rows in all. Yields each destination's result as it finishes."""
+    stop = stop or threading.Event()
+    budget = RowBudget(max_rows)
+
+    def one(destination_id: str) -> Callable[[], DestinationResult]:
+        return lambda: deliver_destination(
+            pool,
+            run_id,
+            destination_id,
+            settings,
+            cohort=cohort,
+            budget=budget,
+            claim_page_size=claim_page_size,
+            stop=stop,
+            **options,
+        )
+
+    yield from _in_threads(settings, [one(d) for d in destination_ids], stop)

@@ -93,6 +93,12 @@ def publish_page(
     )
 
 
+def publish_messages(conn: psycopg.Connection, messages: list[Message]) -> None:
+    """Mark messages a worker claimed itself as handed to its sender."""
+    if messages:
+        conn.execute(query("publish_messages"), {"message_ids": [m.message_id for m in messages]})
+
+
 def lease(
     conn: psycopg.Connection, run_id: str, messages: list[Message], lease_seconds: float
 ) -> list[Lease]:

@@ -1,8 +1,10 @@
 """The reconciler: claims due deliveries into the outbox for a run, page by page.
 
-A page is one transaction and one statement (``claim_due_page``); pages repeat until nothing
-of the cohort is due or the row cap is reached, so memory stays bounded by the page size
-whatever the backlog. Reconcilers running at once divide the rows (SKIP LOCKED).
+A page is one transaction and one statement. ``claim_due`` claims a cohort's due pages
+(``claim_due_page``) until nothing is due or the row cap is reached; a delivery run instead
+claims each destination's pages as its worker needs them (``claim_destination_page``, see
+media_hooks.delivery), so memory stays bounded by the page size whatever the backlog and no
+destination waits behind another's. Reconcilers running at once divide the rows (SKIP LOCKED).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import psycopg
 
 from media_hooks import crashpoints, db
 from media_hooks.cohort import Cohort
+from media_hooks.leases import Message
 from media_hooks.sqlfiles import query
 
 
@@ -74,6 +77,43 @@ def claim_due(
         if claimed.total() < size:
             break
     return ClaimFigures(claimed=total.total(), pages=pages, by_destination=dict(total))
+
+
+def due_destinations(conn: psycopg.Connection, cohort: Cohort) -> list[str]:
+    """The cohort's destinations with due deliveries that may be sent to now."""
+
+    def find() -> list[dict]:
+        with conn.transaction():
+            conn.execute(query("plan_by_index"))
+            return conn.execute(query("due_destinations"), cohort.params()).fetchall()
+
+    return [row["destination_id"] for row in db.retrying("find due destinations", find)]
+
+
+def claim_destination_page(
+    conn: psycopg.Connection, run_id: str, destination_id: str, cohort: Cohort, page_size: int
+) -> list[Message]:
+    """Claim one page of one destination's due deliveries for ``run_id`` in one transaction;
+    returns its outbox messages (not yet published). Retried as ``claim_page`` is."""
+
+    def claim() -> list[dict]:
+        with conn.transaction():
+            conn.execute(query("plan_by_index"))
+            rows = conn.execute(
+                query("claim_destination_page"),
+                {
+                    "run_id": run_id,
+                    "destination_id": destination_id,
+                    "page_size": page_size,
+                    **cohort.params(),
+                },
+            ).fetchall()
+            crashpoints.hit(crashpoints.BEFORE_CLAIM_COMMIT)
+        return rows
+
+    rows = db.retrying("claim a page", claim)
+    crashpoints.hit(crashpoints.AFTER_OUTBOX_COMMIT)
+    return [Message(row["message_id"], row["delivery_id"]) for row in rows]
 
 
 def plan_batches(conn: psycopg.Connection, run_id: str, *, batch_size: int = 1000) -> list[Batch]:

@@ -128,3 +128,37 @@ def test_steady_rate_of_evenly_paced_starts_is_their_rate_whatever_the_edges():
     # A burst at the start and a straggler at the end fall outside the middle 80%.
     ragged = [7.0] * 10 + starts + [13.0]
     assert abs(steady_rate(ragged) - 20) < 1e-6
+
+
+def test_the_soak_publisher_flags_rate_and_in_flight_violations():
+    """The soak's table fails loudly: starts over the envelope and requests over the in-flight
+    ceiling at its publisher are violations; a timed-out request stops counting at its sender's
+    timeout; a paced destination has none."""
+    from datetime import UTC, datetime
+
+    from bench.soak_receiver import ChaosPublisher, Limits
+    from media_hooks.receiver import ReceivedRequest
+
+    publisher = ChaosPublisher(0, Limits(10, 2, 2, 1.0), seed=1)
+
+    def seen(path: str, arrived: float, finished: float) -> None:
+        now = datetime.now(UTC)
+        publisher._seen(
+            ReceivedRequest(
+                "id", "id", path, {}, b"", arrived, now, finished, now, 200, False, None, False,
+                None,
+            )
+        )  # fmt: skip
+
+    for n in range(20):  # paced: 10/s, one at a time
+        seen("/paced", n * 0.1, n * 0.1 + 0.01)
+    for t in (0.0, 0.01, 0.02, 0.03, 0.04):  # five starts at once, all in flight together
+        seen("/bursty", t, 0.5)
+    # A slow answer past the 1 s timeout overlaps the next two only until its sender gave up.
+    seen("/slow", 0.0, 2.0)
+    seen("/slow", 1.2, 1.3)
+    seen("/slow", 1.25, 1.35)
+    found = publisher.violations()
+    assert found["paced"] == {"rate_excess": -1.0, "rate_violation": False, "max_in_flight": 1}
+    assert found["bursty"]["rate_violation"] and found["bursty"]["max_in_flight"] == 5
+    assert found["slow"]["max_in_flight"] == 2 and not found["slow"]["rate_violation"]

@@ -515,9 +515,36 @@ def test_settings_the_engine_cannot_honour_disable_the_destination_before_any_se
         report = deliver_due(pool, "run-1", settings)
 
         assert receiver.request_count == 0
-    assert report.totals.deferred == 2
+    # Found as the destination's worker starts: it claims nothing, its rows never leave pending.
+    assert report.claim.claimed == 0
     (listed,) = list_destinations(conn)
     assert listed["state"] == "disabled"
     assert "outside the range the engine can honour" in listed["disabled_reason"]
     for row in conn.execute("SELECT * FROM webhook_delivery").fetchall():
         assert (row["state"], row["budget_used"]) == ("pending", 0)
+
+
+def test_a_stopped_run_hands_back_what_it_holds_at_once(conn, pool, settings):
+    """A canceled run (its stop event set) sends nothing more: what is in flight is recorded,
+    every claimed delivery it had not sent is due again, every permit goes back, and it claims
+    nothing further, however long its backlog and its destination's limit would have taken."""
+    with Receiver() as receiver:
+        add_destination(conn, "cdn", url=receiver.url, rate_per_second=2, burst=1)
+        add_deliveries(conn, "cdn", 600)
+        stop = threading.Event()
+        with in_background(lambda: deliver_due(pool, "run-1", settings, stop=stop)) as run:
+            wait_for(lambda: receiver.request_count >= 2, "two sends", timeout=30)
+            stop.set()
+            report = run.result(timeout=10)
+    sent = receiver.request_count
+    assert report.totals.succeeded == sent
+    # One page (250) was claimed; the rest of the backlog was never claimed.
+    assert report.claim.claimed == 250
+    assert report.totals.deferred == 250 - sent
+    assert states(conn) == {"succeeded": sent, "pending": 600 - sent}
+    assert rate_limits.in_flight(conn, "cdn") == []
+    waiting = conn.execute(
+        "SELECT DISTINCT wait_reason FROM webhook_delivery WHERE state = 'pending' "
+        "AND wait_reason IS NOT NULL"
+    ).fetchall()
+    assert [r["wait_reason"] for r in waiting] == ["due again: run run-1 was stopped"]

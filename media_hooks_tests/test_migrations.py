@@ -16,7 +16,6 @@ import psycopg
 import pytest
 
 from media_hooks import migrations, sqlfiles
-from media_hooks.emit import Event, emit
 from media_hooks.errors import RuntimeFailure
 from media_hooks_tests.conftest import REPO, run_cli, run_cli_together
 from media_hooks_tests.factories import add_destination
@@ -30,7 +29,12 @@ EXPECTED_TABLES = {
     "delivery_attempt",
     "schema_migrations",
 }
-LAST = sqlfiles.load_migrations()[-1]
+# The migrations these tests take a database through: the last one that locks tables (it adds
+# and validates a constraint and builds an index concurrently), and every one after it.
+LAST = next(
+    m for m in sqlfiles.load_migrations() if m.name == "0008_secret_forms_and_attempt_window.sql"
+)
+FROM_LAST = [m.name for m in sqlfiles.load_migrations() if m.version >= LAST.version]
 
 
 def _tables(url: str) -> set[str]:
@@ -92,6 +96,26 @@ def test_changed_migration_is_refused(database_url, monkeypatch):
         with pytest.raises(RuntimeFailure, match=f"{name} changed after it was applied"):
             migrations.migrate(conn)
         with pytest.raises(RuntimeFailure, match="changed after it was applied"):
+            migrations.require_current(conn)
+
+
+def test_the_running_release_keeps_working_on_the_next_releases_schema(database_url, monkeypatch):
+    """Schema first, then workers (README, "Upgrading"): after the next release's `db migrate`,
+    the running release (here: the code without the newest file) still starts, and its own
+    `db migrate` has nothing to do. (The soak's mid-run migration found it refusing to start.)"""
+    files = sqlfiles.load_migrations()
+    monkeypatch.setattr(migrations, "migration_files", lambda: files[:-1])
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        migrations.require_current(conn)
+        assert migrations.migrate(conn).applied == []
+    assert [v for v, _ in _ledger(database_url)] == [m.version for m in files]
+
+
+def test_an_unknown_migration_among_known_ones_is_refused(database_url, monkeypatch):
+    files = sqlfiles.load_migrations()
+    monkeypatch.setattr(migrations, "migration_files", lambda: files[:-2] + files[-1:])
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        with pytest.raises(RuntimeFailure, match=f"{files[-2].name}.*diverged"):
             migrations.require_current(conn)
 
 
@@ -195,6 +219,18 @@ def test_no_transaction_files_keep_constraints_not_valid_apart_from_validation()
     assert all("CONCURRENTLY IF NOT EXISTS" in s for s in steps if "CREATE INDEX" in s)
 
 
+# The running release's emit, as the migrations after LAST run under it: the schema goes first
+# and the code follows, so this release's emit (which writes 0011's emission order) does not
+# run on the schema before it. Its locks on the tables are the same.
+RUNNING_RELEASE_EMIT = """
+WITH identity AS (
+    INSERT INTO delivery_identity (delivery_id) VALUES (%(delivery_id)s) RETURNING delivery_id
+)
+INSERT INTO webhook_delivery (delivery_id, destination_id, asset_id, event_type, payload, body)
+SELECT delivery_id, 'pub', %(asset_id)s, 'transcode.completed', '{}', '\\x7b7d' FROM identity
+"""
+
+
 class _Producers:
     """Producer threads emitting in a loop, each emit timed (the latency a migration adds)."""
 
@@ -213,9 +249,9 @@ class _Producers:
                 i = 0
                 while not self.stop.is_set():
                     i += 1
-                    event = Event("pub", f"asset-{n}-{i}", "transcode.completed", {"i": i})
+                    row = {"delivery_id": f"d-{n}-{i}", "asset_id": f"asset-{n}-{i}"}
                     started = time.monotonic()
-                    emit(conn, event)
+                    conn.execute(RUNNING_RELEASE_EMIT, row)
                     self.latencies.append((started, time.monotonic() - started))
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             self.errors.append(exc)
@@ -240,7 +276,7 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
 
 
 def test_migrate_while_producers_emit_and_an_idle_reader_holds_a_lock(empty_database_url, cli_env):
-    """The issue's scene: the last migration pending, producers emitting, a reader idle in a
+    """The issue's scene: the last no-transaction migration pending, producers emitting, a reader idle in a
     transaction. Producers are never held up longer than the lock timeout; the migration says
     what it waits for (never the reader's query) and completes once the reader goes."""
     url = empty_database_url
@@ -285,7 +321,7 @@ def test_migrate_while_producers_emit_and_an_idle_reader_holds_a_lock(empty_data
         emitted_after = len(producers.latencies)
     assert producers.errors == []
     assert migrate.returncode == 0, "".join(stderr_lines)
-    assert out.strip() == f"applied 1 migration(s): {LAST.name}"
+    assert out.strip() == f"applied {len(FROM_LAST)} migration(s): {', '.join(FROM_LAST)}"
     report = "".join(stderr_lines)
     assert "waited for AccessExclusiveLock on webhook_destination" in report
     assert f"pid {reader_pid} (application_name 'nightly-report', idle in transaction for" in report
@@ -320,12 +356,13 @@ def test_a_migration_that_cannot_get_its_lock_gives_up_naming_the_blocker(empty_
             )
             assert f"pid {blocker.info.backend_pid} (application_name 'blocker'" in message
             assert any("retrying in" in line for line in lines)
-            with pytest.raises(RuntimeFailure, match=f"pending migrations \\({LAST.name}\\)"):
+            pending = re.escape(f"pending migrations ({', '.join(FROM_LAST)})")
+            with pytest.raises(RuntimeFailure, match=pending):
                 migrations.require_current(conn)
     finally:
         blocker.close()
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
-        assert migrations.migrate(conn).applied == [LAST.name], "it starts over, idempotently"
+        assert migrations.migrate(conn).applied == FROM_LAST, "it starts over, idempotently"
 
 
 def test_an_interrupted_concurrent_index_build_is_dropped_and_built_again(empty_database_url):

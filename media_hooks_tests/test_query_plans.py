@@ -20,7 +20,7 @@ from media_hooks.cohort import Cohort
 from media_hooks.db import with_database
 from media_hooks.leases import Lease, Outcome, outcomes_document
 from media_hooks.reconciler import claim_due
-from media_hooks.sqlfiles import query
+from media_hooks.sqlfiles import queries, query
 from media_hooks_tests.conftest import create_database, drop_database
 from media_hooks_tests.factories import add_deliveries, add_destination
 
@@ -89,6 +89,14 @@ def _outcomes(leased: Iterable[tuple[str, uuid.UUID]]) -> dict:
 STATEMENTS = {
     "claim_due_page": lambda: {"run_id": "r", "page_size": 250, **Cohort().params()},
     "plan_batches": lambda: {"run_id": "run-1", "batch_size": 1000},
+    "claim_destination_page": lambda: {
+        "run_id": "r",
+        "destination_id": "cdn",
+        "page_size": 250,
+        **Cohort().params(),
+    },
+    "due_destinations": lambda: Cohort().params(),
+    "publish_messages": lambda: {"message_ids": [f"{i}:1" for i in _ids(100)]},
     "publish_page": lambda: {
         "run_id": "run-1",
         "destination_id": "cdn",
@@ -287,3 +295,81 @@ def test_a_lease_plan_made_while_the_table_was_empty_stays_a_key_lookup(server_u
             assert _lease_indexes(conn, _enqueued(conn)) == (4, {"webhook_delivery_pkey"})
     finally:
         drop_database(server_url, name)
+
+
+def _check_parameters() -> dict:
+    return {
+        "since": "2000-01-01T00:00:00Z",
+        "lease_margin_seconds": 600.0,
+        "hold_seconds": 90.0,
+        "clock_slack_seconds": 5.0,
+    }
+
+
+CHECK_STATEMENTS = sorted(n for n in queries() if n.startswith("check_") and n != "check_clock")
+
+
+@pytest.mark.parametrize("name", CHECK_STATEMENTS)
+def test_the_default_check_reads_through_indexes(loaded, name):
+    """`media-hooks check` without --all: every statement reads the big tables through an
+    index, with the settings the check runs under (media_hooks.checks.run)."""
+    with loaded.transaction(force_rollback=True):
+        loaded.execute("SET LOCAL enable_seqscan = off")
+        statement = f"EXPLAIN (FORMAT JSON) {query(name)}"
+        (plan,) = loaded.execute(statement.encode(), _check_parameters()).fetchone()["QUERY PLAN"]
+    print(f"\n{name}:\n{json.dumps(plan['Plan'], indent=1)[:4000]}")
+    assert _seq_scans(plan["Plan"]) == []
+
+
+def _sorts_of_deliveries(plan: dict) -> list[str]:
+    """Sort nodes above a read of webhook_delivery: a claim that sorts reads every due row of
+    its destination before it returns the first."""
+    found = []
+    if plan.get("Node Type") in ("Sort", "Incremental Sort") and _delivery_indexes(plan):
+        found.append(plan["Node Type"])
+    for child in plan.get("Plans", []):
+        found.extend(_sorts_of_deliveries(child))
+    return found
+
+
+def _planned_by_index(conn: psycopg.Connection, name: str, params: dict) -> dict:
+    """The plan of ``name`` as the reconciler runs it: after plan_by_index, in its transaction."""
+    with conn.transaction(force_rollback=True):
+        conn.execute(query("plan_by_index"))
+        statement = f"EXPLAIN (FORMAT JSON) {query(name)}"
+        (plan,) = conn.execute(statement.encode(), params).fetchone()["QUERY PLAN"]
+    return plan
+
+
+@pytest.fixture(scope="module")
+def unanalyzed(server_url, template_name):
+    """A freshly loaded backlog that ANALYZE has never seen (autovacuum off): the statistics
+    a bulk load leaves until autovacuum comes round, if it ever does (issue 13)."""
+    name = create_database(server_url, template=template_name)
+    with psycopg.connect(
+        with_database(server_url, name), autocommit=True, row_factory=dict_row
+    ) as conn:
+        conn.execute("ALTER TABLE webhook_delivery SET (autovacuum_enabled = false)")
+        conn.execute("ALTER TABLE dispatch_outbox SET (autovacuum_enabled = false)")
+        for n in range(5):
+            add_destination(conn, f"pub-{n}")
+            add_deliveries(conn, f"pub-{n}", 20_000 if n == 0 else 2_000)
+        yield conn
+    drop_database(server_url, name)
+
+
+@pytest.mark.parametrize("destination", ["pub-0", "pub-4"])
+def test_a_destination_claims_by_its_index_whatever_the_statistics_say(unanalyzed, destination):
+    """Each destination's claim reads its own due rows in index order: no sequential scan, no
+    sort, no other destination's rows, with or without statistics."""
+    params = {"run_id": "r", "destination_id": destination, "page_size": 250, **Cohort().params()}
+    plan = _planned_by_index(unanalyzed, "claim_destination_page", params)
+    assert _seq_scans(plan["Plan"]) == []
+    assert _sorts_of_deliveries(plan["Plan"]) == []
+    assert "webhook_delivery_due_by_destination" in _delivery_indexes(plan["Plan"])
+
+
+def test_due_destinations_probe_the_index_whatever_the_statistics_say(unanalyzed):
+    plan = _planned_by_index(unanalyzed, "due_destinations", Cohort().params())
+    assert _seq_scans(plan["Plan"]) == []
+    assert _delivery_indexes(plan["Plan"]) == {"webhook_delivery_due_by_destination"}

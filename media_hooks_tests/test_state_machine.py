@@ -587,3 +587,38 @@ def test_a_message_made_stale_while_its_lease_waits_gives_its_token_back(conn, d
     ).leases
     assert [lease.delivery_id for lease in taken] == [new.delivery_id]
     assert [s["slot_no"] for s in rate_limits.in_flight(conn, "cdn")] == [1]
+
+
+def test_a_lease_that_waited_on_a_lock_counts_its_starts_from_when_it_leased(conn, database_url):
+    """Found by the soak's operator lock: the worker (A) takes two starts (the whole burst) and
+    its lease waits on a row an operator's session holds for a while; the starts go out only
+    when A commits. The next grant (B), right after, must not find the bucket drained by the
+    wait: that would put a second burst on top of A's (migration 0009)."""
+    messages = _dispatch(conn, count=4, rate_per_second=2, burst=2, max_in_flight=10)
+    first, second = messages[:2], messages[2:]
+    with (
+        open_session(database_url) as operator,
+        open_session(database_url, autocommit=True) as worker_a,
+    ):
+        operator.execute(
+            "SELECT 1 FROM webhook_delivery WHERE delivery_id = %s FOR UPDATE",
+            (first[1].delivery_id,),
+        )
+        with in_background(
+            lambda: leases.lease_with_permits(
+                worker_a, "run-1", "cdn", first, holder="a", lease_seconds=90, release_slots=[]
+            )
+        ) as step_a:
+            wait_until_blocked(conn, worker_a.info.backend_pid)
+            # The operator holds the row for longer than the rate needs to drain the burst.
+            operator.execute("SELECT pg_sleep(1.2)")
+            released_at = operator.execute("SELECT clock_timestamp() AS t").fetchone()["t"]
+            operator.commit()
+        assert len(step_a.result().leases) == 2
+    step_b = leases.lease_with_permits(
+        conn, "run-1", "cdn", second, holder="b", lease_seconds=90, release_slots=[]
+    )
+    # A's two starts went out after released_at; B may add only what the rate allowed since.
+    since = (step_b.grant.granted_at - released_at).total_seconds()
+    assert len(step_b.leases) <= int(2 * since), (len(step_b.leases), since)
+    assert step_b.grant.reason == "rate"

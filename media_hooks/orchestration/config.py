@@ -47,7 +47,8 @@ def _instant(name: str, value: str | None) -> datetime | None:
 
 
 class DeliverConfig(CohortConfig):
-    """One delivery run: sweep, optionally requeue dead letters, claim due pages, deliver."""
+    """One delivery run: sweep, optionally requeue dead letters, then deliver each destination
+    with due work, each claiming its deliveries a page at a time."""
 
     include_dead: bool = Field(
         default=False,
@@ -59,22 +60,26 @@ class DeliverConfig(CohortConfig):
     )
     page_size: int | None = Field(
         default=None,
-        description="Rows claimed per transaction; empty uses the deployment default (250).",
+        description="Rows a destination claims per transaction, as it needs them; empty uses "
+        "the deployment default (250).",
     )
     max_rows: int | None = Field(
         default=None,
-        description="Most rows this run claims; empty uses the deployment default (no cap).",
+        description="Most rows this run claims in all; empty uses the deployment default (no "
+        "cap: each destination claims until none of its deliveries is due).",
     )
-    batch_size: int | None = Field(
-        default=None,
-        description="Most rows per mapped delivery step; empty uses the deployment default "
-        "(1000). A large destination is split into several steps.",
+    shards: int = Field(
+        default=1,
+        description="Delivery steps the destinations are split into. Each step delivers its "
+        "destinations concurrently, in threads; with the in-process executor (the default) "
+        "steps run one after another, so more than one pays only with the multiprocess "
+        "executor (Launchpad: execution config) or to isolate destinations in separate steps.",
     )
 
     def check(self) -> None:
         if self.include_dead and not self.requeue_reason.strip():
             raise UserError("include_dead needs a requeue_reason: it is kept in the audit trail")
-        for name in ("page_size", "max_rows", "batch_size"):
+        for name in ("page_size", "max_rows", "shards"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise UserError(f"{name} must be at least 1, got {value}")

@@ -1,35 +1,43 @@
-"""The jobs, and the executor that makes destinations deliver in parallel.
+"""The jobs, and the executor the delivery job runs with.
 
-Executor: Dagster's multiprocess executor, each mapped step in its own process, at most
-``MAX_CONCURRENT_STEPS`` at once, forked from a forkserver that has this project preloaded.
-Mapped steps per destination batch are the unit the UI shows, retries and re-executes; in
-separate processes a slow or rate-limited destination never holds up another's step. The
-in-process executor runs steps one after another (one slow destination would delay all the
-others). Plain spawn costs 2–3 s per step here (a fresh interpreter importing Dagster); the
-preloaded forkserver forks a warm one instead. Past one machine, the same job runs under the
-Celery or Kubernetes executors (one pod / worker per step) against the same PostgreSQL: the
-row protocol, not the executor, keeps deliveries single.
+Executor: in-process by default. A delivery step delivers a shard of the due destinations
+(all of them by default) through the engine, each destination in a thread of its own that
+claims its deliveries a page at a time: the way ``delivery_run.deliver_due`` does, at its speed.
+A slow or rate-limited destination never holds up another (each has its thread), and a run
+costs one process, not one per step (a step process cost 1-3 s to start, and the executor ran at
+most ``2 x cores`` of them, so slow destinations queued behind each other). The executor is
+Dagster's ``multi_or_in_process_executor``: set ``execution: config: multiprocess:`` in the
+Launchpad, with ``shards`` above 1, to spread the shards over processes (or run the job under
+the Celery or Kubernetes executors against the same PostgreSQL: the row protocol, not the
+executor, keeps deliveries single).
 
-``delivery_executor`` is that multiprocess executor, which first records on the run the process
-that orchestrates its steps (``run_workers``): what tells a run whose process was killed from a
-run that is merely slow, since Dagster records no such thing for runs it cannot monitor.
+``delivery_executor`` first records on the run the process that orchestrates its steps
+(``run_workers``): what tells a run whose process was killed from a run that is merely slow,
+since Dagster records no such thing for runs it cannot monitor.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
+from contextlib import nullcontext
 
-from dagster import Executor, ExecutorDefinition, InitExecutorContext, job, multiprocess_executor
+from dagster import (
+    DagsterEvent,
+    DagsterEventType,
+    Executor,
+    ExecutorDefinition,
+    InitExecutorContext,
+    job,
+    multi_or_in_process_executor,
+)
+
+# Private paths: the Dagster family is pinned exactly (pyproject.toml), so they are stable here.
+from dagster._core.errors import raise_execution_interrupts
+from dagster._core.events import EngineEventData
 
 from media_hooks.orchestration import run_workers
 from media_hooks.orchestration.config import DeliverConfig
-from media_hooks.orchestration.ops.delivery import (
-    claim_due_pages,
-    deliver_destination_batch,
-    partition_by_destination,
-    summarize_run,
-)
+from media_hooks.orchestration.ops.delivery import deliver_shard, prepare, summarize_run
 from media_hooks.orchestration.ops.operator import (
     discard_dead_deliveries,
     purge_terminal_deliveries,
@@ -37,28 +45,14 @@ from media_hooks.orchestration.ops.operator import (
 )
 
 DELIVERY_RUN_TAG = {"media_hooks/kind": "delivery"}
-# Steps at once within one run: twice the cores, at least 4. On 2 cores, 4 step processes
-# deliver 10,000 rows about 1.5x faster than 10 at once (measured with the former bench/dagster_overhead.py), and a
-# slow destination's step holds one slot for at most the engine's permit wait (60 s) before
-# it hands its rows back. Raise it per run (Launchpad: execution config) when more
-# destinations than slots need strict isolation; the op pool caps delivery steps across runs.
-MAX_CONCURRENT_STEPS = max(4, 2 * (os.cpu_count() or 2))
-
-DELIVERY_EXECUTION = {
-    "config": {
-        "max_concurrent": MAX_CONCURRENT_STEPS,
-        "start_method": {
-            "forkserver": {"preload_modules": ["media_hooks.orchestration.definitions"]}
-        },
-    }
-}
+DELIVERY_EXECUTION = {"config": {"in_process": {}}}
 
 
-# The Launchpad opens on this: every cohort field with its default, ready to edit.
+# The Launchpad opens on this: every field of the run's config with its default, ready to edit.
 DELIVERY_DEFAULT_CONFIG = {
     "execution": DELIVERY_EXECUTION,
     "ops": {
-        "claim_due_pages": {
+        "prepare": {
             "config": {
                 name: field.get_default() for name, field in DeliverConfig.model_fields.items()
             }
@@ -84,35 +78,62 @@ class _RecordsItsWorker(Executor):
     def execute(self, plan_context, execution_plan) -> Iterator:
         worker = run_workers.this_process(plan_context.run_id)
         plan_context.instance.add_run_tags(plan_context.run_id, worker.tag())
-        yield from self._inner.execute(plan_context, execution_plan)
+        events = self._inner.execute(plan_context, execution_plan)
+        # Dagster's in-process executor does not look for interrupts while a step waits for a
+        # pool slot: a run stopped then (canceled, --max-seconds) would wait for the slot first.
+        # While it waits, an interrupt is raised at once, as it is in a step's own code.
+        waiting = False
+        while True:
+            with raise_execution_interrupts() if waiting else nullcontext():
+                event = next(events, None)
+            if event is None:
+                return
+            if _waits_for_a_pool_slot(event):
+                waiting = True
+            elif event.is_step_start:
+                waiting = False
+            yield event
+
+
+def _waits_for_a_pool_slot(event: DagsterEvent) -> bool:
+    """The engine event an executor emits while a step is blocked by its pool's limit."""
+    data = event.event_specific_data
+    return (
+        event.event_type == DagsterEventType.ENGINE_EVENT
+        and isinstance(data, EngineEventData)
+        and "pool" in (data.metadata or {})
+    )
 
 
 def _create_delivery_executor(init_context: InitExecutorContext) -> Executor:
-    return _RecordsItsWorker(multiprocess_executor.executor_creation_fn(init_context))
+    return _RecordsItsWorker(multi_or_in_process_executor.executor_creation_fn(init_context))
 
 
 delivery_executor = ExecutorDefinition(
-    name="multiprocess",
-    config_schema=multiprocess_executor.config_schema,
-    requirements=multiprocess_executor.get_requirements,
+    name="multi_or_in_process",
+    config_schema=multi_or_in_process_executor.config_schema,
+    requirements=multi_or_in_process_executor.get_requirements,
     executor_creation_fn=_create_delivery_executor,
-    description="Dagster's multiprocess executor; records the run's worker process first.",
+    description="Dagster's in-process (default) or multiprocess executor; records the run's "
+    "worker process first.",
 )
 
 
 @job(
-    description="Delivers due webhooks: claim due pages into the outbox under this run's id, "
-    "then one mapped step per destination batch, in parallel, then a summary. Safe to run at "
-    "any time and to overlap: the row protocol divides the work. Fails only on an "
-    "infrastructure fault; what receivers answered is in its tags (media_hooks/outcome).",
+    description="Delivers due webhooks: prepare (recovery, sweeps, which destinations have due "
+    "work), then one step per shard of destinations (one by default) in which every "
+    "destination delivers concurrently, claiming its deliveries a page at a time under this "
+    "run's id, then a summary. Safe to run at any time and to overlap: the row protocol "
+    "divides the work. Fails only on an infrastructure fault; what receivers answered is in "
+    "its tags (media_hooks/outcome).",
     tags=DELIVERY_RUN_TAG,
     executor_def=delivery_executor,
     config=DELIVERY_DEFAULT_CONFIG,
 )
 def deliver_webhooks():
-    claimed = claim_due_pages()
-    results = partition_by_destination(claimed).map(deliver_destination_batch)
-    summarize_run(claimed, results.collect())
+    prepared, shards = prepare()
+    results = shards.map(deliver_shard)
+    summarize_run(prepared, results.collect())
 
 
 @job(description="Requeues a cohort (dead letters by default); dry run unless told otherwise.")

@@ -1,9 +1,8 @@
-"""What a run shows in the UI: mapping keys, Markdown tables, tags, "where are my rows"."""
+"""What a run shows in the UI: Markdown tables, tags, "where are my rows"."""
 
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -12,19 +11,6 @@ from media_hooks.cohort import Cohort
 TAG_PREFIX = "media_hooks/"
 # Dagster caps tag values in strict mode; a long cohort is summarised, never rejected.
 _TAG_VALUE_MAX = 63
-_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
-
-
-def mapping_key(destination_id: str, batch_no: int) -> str:
-    """A readable, unique ``^[A-Za-z0-9_]+$`` key for one destination batch.
-
-    Destination ids may hold ``-`` and ``:``; replacing them could make two ids collide
-    (``a-b`` / ``a_b``), so a changed id gets a short hash of the original.
-    """
-    safe = _UNSAFE.sub("_", destination_id)
-    if safe != destination_id:
-        safe += "_" + hashlib.sha1(destination_id.encode()).hexdigest()[:6]
-    return f"{safe}__{batch_no}"
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

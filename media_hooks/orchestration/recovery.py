@@ -58,11 +58,11 @@ class Recovered:
 def free_pool_slots(instance: DagsterInstance, run_id: str) -> int:
     """Frees every pool slot and pending claim of ``run_id``; returns how many slots it held."""
     storage = instance.event_log_storage
-    if run_id not in storage.get_concurrency_run_ids():
-        return 0
     infos = storage.get_concurrency_infos(sorted(storage.get_concurrency_keys()))
     held = sum(1 for info in infos.values() for slot in info.claimed_slots if slot.run_id == run_id)
-    storage.free_concurrency_slots_for_run(run_id)
+    # A step of the in-process executor holds its slot with no pending-step row left.
+    if held or run_id in storage.get_concurrency_run_ids():
+        storage.free_concurrency_slots_for_run(run_id)
     return held
 
 

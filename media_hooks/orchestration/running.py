@@ -84,7 +84,7 @@ def delivery_run_config(
     """Run config for ``deliver_webhooks``: the claim op's config, and optionally the
     executor's and the resources' (e.g. ``{"postgres": {"database_url": ...}}``)."""
     run_config: dict[str, Any] = {
-        "ops": {"claim_due_pages": {"config": config}},
+        "ops": {"prepare": {"config": config}},
         "loggers": {"console": {"config": {"log_level": log_level}}},
     }
     if execution is not None:

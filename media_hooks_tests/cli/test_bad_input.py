@@ -226,6 +226,12 @@ CASES = {
     "demo: lease inf": Case(["demo"], "MEDIA_HOOKS_LEASE_SECONDS", {"MEDIA_HOOKS_LEASE_SECONDS": "inf"}),
     "dev: port zero": Case(["dev", "--port", "0"], "--port: must be a whole number at least 1"),
     "dev: private urls": Case(["dev"], "MEDIA_HOOKS_ALLOW_PRIVATE_URLS", {"MEDIA_HOOKS_ALLOW_PRIVATE_URLS": "true"}),
+    # check
+    "check: window nan": Case(["check", "--window", "nan"], "--window"),
+    "check: negative lease margin": Case(["check", "--lease-margin", "-1"], "--lease-margin: must be"),
+    "check: unreachable": Case(
+        ["check"], "cannot connect to PostgreSQL", {"MEDIA_HOOKS_DATABASE_URL": UNREACHABLE}, exit_code=1
+    ),
     # secrets
     "secrets: no subcommand": Case(["secrets"], "required: secrets_command"),
     "secrets: generate-key unknown option": Case(

@@ -25,7 +25,8 @@ from media_hooks.orchestration.running import DeliveryRun, execute_delivery
 from media_hooks.receiver import Receiver
 from media_hooks_tests.conftest import create_database, drop_database, with_database
 
-SPAWN = {"config": {"max_concurrent": 8, "start_method": {"spawn": {}}}}
+# The multiprocess executor, for tests whose steps must die alone (a crash point kills its process).
+SPAWN = {"config": {"multiprocess": {"max_concurrent": 8, "start_method": {"spawn": {}}}}}
 
 
 def _storage_database(server_url: str) -> Iterator[str]:
@@ -108,7 +109,7 @@ def deliver(
     )
 
 
-def hold_pool_slot(storage, run_id: str, step_key: str = "deliver_destination_batch[x__1]") -> None:
+def hold_pool_slot(storage, run_id: str, step_key: str = "deliver_shard[shard_1_of_1]") -> None:
     """A slot of the delivery pool held by ``run_id``, as a running delivery step holds one."""
     if DELIVERY_POOL not in storage.get_concurrency_keys():
         storage.initialize_concurrency_limit_to_default(DELIVERY_POOL)

@@ -180,7 +180,7 @@ def test_dagster_ui_loads_everything_and_launches_a_delivery_run(env, conn, rece
 
         # The Launchpad opens on every cohort field; a user edits it and launches.
         config = _launchpad_config(url)
-        cohort = config["ops"]["claim_due_pages"]["config"]
+        cohort = config["ops"]["prepare"]["config"]
         assert cohort == {
             "destination_ids": [],
             "event_types": [],
@@ -191,7 +191,7 @@ def test_dagster_ui_loads_everything_and_launches_a_delivery_run(env, conn, rece
             "requeue_reason": "",
             "page_size": None,
             "max_rows": None,
-            "batch_size": None,
+            "shards": 1,
         }
         cohort.update(destination_ids=["alpha"], page_size=2)
         run_id = _launch(url, config)
@@ -234,9 +234,9 @@ def test_dagster_ui_loads_everything_and_launches_a_delivery_run(env, conn, rece
         # sender's timeout).
         add_destination(conn, "held", held.url, timeout_seconds=15)
         add_deliveries(conn, "held", 2)
-        _launch(url, {"ops": {"claim_due_pages": {"config": {"destination_ids": ["held"]}}}})
+        _launch(url, {"ops": {"prepare": {"config": {"destination_ids": ["held"]}}}})
         assert held.wait_for(lambda r: r.max_in_flight >= 1, timeout=120)
-        last = _launch(url, {"ops": {"claim_due_pages": {"config": {"destination_ids": ["held"]}}}})
+        last = _launch(url, {"ops": {"prepare": {"config": {"destination_ids": ["held"]}}}})
         runs = _graphql(url, RUNS, {"filter": {"pipelineName": "deliver_webhooks"}})
         ours = [r["runId"] for r in runs["runsOrError"]["results"]]
         assert last in ours

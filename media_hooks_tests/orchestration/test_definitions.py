@@ -7,8 +7,9 @@ import sys
 
 from dagster import DefaultScheduleStatus, DefaultSensorStatus, Definitions
 
+from media_hooks.cohort import Cohort
 from media_hooks.orchestration.definitions import defs, deliver_webhooks_job
-from media_hooks.orchestration.metadata import mapping_key
+from media_hooks.orchestration.ops.delivery import Prepared, Shard
 from media_hooks_tests.conftest import REPO
 
 
@@ -42,9 +43,11 @@ def test_the_engine_never_imports_dagster():
     assert out.stdout.strip() == "False", out.stderr
 
 
-def test_mapping_keys_are_valid_readable_and_unique():
-    keys = [mapping_key(d, 1) for d in ("alpha", "a-b", "a_b", "a:b", "x" * 200)]
-    assert keys[0] == "alpha__1"
-    assert keys[1].startswith("a_b_") and keys[3].startswith("a_b_")
-    assert len(set(keys)) == len(keys)
-    assert all(k.replace("_", "").isalnum() for k in keys)
+def test_shards_divide_the_destinations_each_to_exactly_one_step():
+    prepared = Prepared(Cohort(), page_size=250, max_rows=None, shards=3, due_destinations=0)
+    shards = [Shard(index, 3, prepared) for index in range(3)]
+    destinations = [f"pub-{n}" for n in range(60)] + ["a-b", "a_b", "a:b", "x" * 200]
+    for destination in destinations:
+        assert sum(shard.serves(destination) for shard in shards) == 1, destination
+    assert all(sum(map(shard.serves, destinations)) > 0 for shard in shards)
+    assert [s.mapping_key for s in shards] == ["shard_1_of_3", "shard_2_of_3", "shard_3_of_3"]

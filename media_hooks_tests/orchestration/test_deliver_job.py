@@ -14,21 +14,24 @@ from media_hooks.receiver import Receiver, Reply
 from media_hooks_tests.factories import add_deliveries, add_destination
 from media_hooks_tests.orchestration.conftest import SPAWN, deliver
 
-SPAWN_NO_RETRIES = {"config": {**SPAWN["config"], "retries": {"disabled": {}}}}
+SPAWN_NO_RETRIES = {
+    "config": {"multiprocess": {**SPAWN["config"]["multiprocess"], "retries": {"disabled": {}}}}
+}
 
 
 def _step_outputs(instance, run_id: str) -> dict[str, dict]:
-    """Output metadata of every step of a run, by step key."""
+    """Output metadata of every step of a run (all its outputs' together), by step key."""
     records = instance.get_records_for_run(run_id, of_type=DagsterEventType.STEP_OUTPUT).records
-    return {
-        r.event_log_entry.step_key: {
-            k: v.value for k, v in r.event_log_entry.dagster_event.step_output_data.metadata.items()
-        }
-        for r in records
-    }
+    outputs: dict[str, dict] = {}
+    for r in records:
+        metadata = r.event_log_entry.dagster_event.step_output_data.metadata
+        outputs.setdefault(r.event_log_entry.step_key, {}).update(
+            {k: v.value for k, v in metadata.items()}
+        )
+    return outputs
 
 
-def test_three_destinations_three_mapped_steps_rows_carry_the_run_id(
+def test_three_destinations_one_step_per_destination_counts_rows_carry_the_run_id(
     instance, database_url, conn, receiver
 ):
     destinations = ["alpha", "beta-1", "gamma:x"]
@@ -44,12 +47,15 @@ def test_three_destinations_three_mapped_steps_rows_carry_the_run_id(
     assert run.summary.totals["succeeded"] == 12
     assert set(run.summary.per_destination) == set(destinations)
     outputs = _step_outputs(instance, run.run_id)
-    mapped = sorted(k for k in outputs if k.startswith("deliver_destination_batch["))
-    assert len(mapped) == 3, mapped
-    assert {outputs[k]["destination_id"] for k in mapped} == set(destinations)
-    assert all(outputs[k]["succeeded"] == 4 for k in mapped)
-    assert outputs["claim_due_pages"]["claimed"] == 12
-    assert "gamma:x" in outputs["claim_due_pages"]["per_destination"]
+    (step,) = [k for k in outputs if k.startswith("deliver_shard[")]
+    assert step == "deliver_shard[shard_1_of_1]"
+    assert (outputs[step]["destinations"], outputs[step]["claimed"]) == (3, 12)
+    assert outputs[step]["succeeded"] == 12
+    for d in destinations:  # the UI's per-destination table, in the step and the run
+        assert f"| {d} | 4 | 4 | 4 |" in outputs[step]["per_destination"]
+        assert f"| {d} | 4 | 4 | 4 |" in outputs["summarize_run"]["per_destination"]
+    assert outputs["prepare"]["due_destinations"] == 3
+    assert "gamma:x" in outputs["prepare"]["destinations"]
     assert outputs["summarize_run"]["succeeded"] == 12
     assert f"run_id = '{run.run_id}'" in outputs["summarize_run"]["rows_of_this_run"]
     outbox = conn.execute("SELECT DISTINCT run_id FROM dispatch_outbox").fetchall()

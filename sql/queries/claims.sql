@@ -75,3 +75,86 @@ ORDER BY destination_id, batch_no;
 --   dispatch_outbox_run. (A Dagster instance may serve several deployments, each with its own
 --   database: a run unknown here is another's.)
 SELECT EXISTS (SELECT 1 FROM dispatch_outbox WHERE run_id = %(run_id)s) AS dispatched;
+
+-- name: plan_by_index
+-- description: For the rest of the transaction, plans that read rows in index order: no
+--   sequential scan, no sort. A backlog loaded in bulk has no statistics until ANALYZE runs
+--   (autovacuum may be slow or off), and then the planner guesses: it read a destination's due
+--   rows by the wrong index and sorted them, or every destination's, before the first one.
+--   The statements that run after it (due_destinations, claim_destination_page) each have a plan
+--   by webhook_delivery_due_by_destination in order, which these settings leave the cheapest.
+SELECT set_config('enable_seqscan', 'off', true), set_config('enable_sort', 'off', true);
+
+-- name: due_destinations
+-- description: The destinations of a cohort that have due pending deliveries and may be sent
+--   to now (enabled, not paused): the ones a delivery run serves. One probe of
+--   webhook_delivery_due_by_destination per destination (migration 0010), after plan_by_index.
+SELECT w.destination_id
+FROM webhook_destination AS w
+CROSS JOIN LATERAL (
+    SELECT 1
+    FROM webhook_delivery AS d
+    WHERE d.destination_id = w.destination_id
+      AND d.state = 'pending'
+      AND d.next_attempt_at <= now()
+      AND media_hooks_in_cohort(d, %(destination_ids)s, %(event_types)s, %(asset_ids)s,
+                                %(created_after)s, %(created_before)s)
+    ORDER BY d.next_attempt_at, d.delivery_id
+    LIMIT 1
+) AS first_due
+WHERE w.enabled
+  AND (w.paused_until IS NULL OR w.paused_until <= now())
+  AND (cardinality(%(destination_ids)s::text[]) = 0 OR w.destination_id = ANY (%(destination_ids)s))
+ORDER BY w.destination_id;
+
+-- name: claim_destination_page
+-- description: Claim one page of one destination's due pending deliveries of a cohort for a
+--   run, oldest first: one outbox row per dispatch and the rows flipped to enqueued, in one
+--   statement. A run's delivery of each destination claims its own pages as it needs them
+--   (bounded, round-robin across destinations: none waits behind another's backlog).
+-- keeps: invariant 3 (a claimed row is enqueued with a committed outbox row naming its run, so
+--   a sweep can always find it again), invariant 1 (the message is per dispatch; the receiver's
+--   key stays delivery_id), invariant 7 (one bounded page). SKIP LOCKED lets runs at once
+--   divide the rows; a disabled or paused destination keeps its rows pending. The plan reads
+--   webhook_delivery_due_by_destination in order (migration 0010): no sort, no scan of other
+--   destinations' rows, whatever the statistics (after plan_by_index, in the same
+--   transaction). A per-row eligibility rule is one more condition in the WHERE of `due`.
+--   invariant 10: on an ordered destination only the head of an asset's queue is claimed
+--   (media_hooks_may_claim_v1).
+WITH due AS (
+    SELECT d.delivery_id
+    FROM webhook_delivery AS d
+    WHERE d.destination_id = %(destination_id)s
+      AND d.state = 'pending'
+      AND d.next_attempt_at <= now()
+      AND media_hooks_in_cohort(d, %(destination_ids)s, %(event_types)s, %(asset_ids)s,
+                                %(created_after)s, %(created_before)s)
+      AND EXISTS (
+          SELECT 1
+          FROM webhook_destination AS w
+          WHERE w.destination_id = d.destination_id
+            AND w.enabled
+            AND (w.paused_until IS NULL OR w.paused_until <= now())
+            -- Per-asset order and latest-wins (migration 0011): true at once elsewhere.
+            AND media_hooks_may_claim_v1(w.ordering, w.coalescing, d.destination_id, d.asset_id,
+                                         d.event_type, d.created_at, d.emit_seq, d.delivery_id)
+      )
+    ORDER BY d.next_attempt_at, d.delivery_id
+    LIMIT %(page_size)s
+    FOR UPDATE OF d SKIP LOCKED
+),
+enqueued AS (
+    UPDATE webhook_delivery AS d
+    SET state = 'enqueued',
+        dispatch_count = d.dispatch_count + 1,
+        current_message_id = d.delivery_id || ':' || (d.dispatch_count + 1),
+        wait_reason = NULL,
+        updated_at = now()
+    -- = ANY(ARRAY(...)) keeps this a primary-key index scan (as in claim_due_page).
+    WHERE d.delivery_id = ANY (ARRAY(SELECT delivery_id FROM due))
+    RETURNING d.delivery_id, d.destination_id, d.dispatch_count, d.current_message_id, d.body
+)
+INSERT INTO dispatch_outbox (message_id, delivery_id, dispatch_no, destination_id, run_id, body)
+SELECT current_message_id, delivery_id, dispatch_count, destination_id, %(run_id)s, body
+FROM enqueued
+RETURNING message_id, delivery_id;

@@ -20,6 +20,14 @@ SET published_at = coalesce(o.published_at, now())
 WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM page))
 RETURNING o.message_id, o.delivery_id;
 
+-- name: publish_messages
+-- description: The relay for messages a worker claimed itself (claim_destination_page): marked
+--   published as they are handed to the sender, by primary key. As with publish_page, the
+--   first publication time is kept and the lease decides who may send.
+UPDATE dispatch_outbox AS o
+SET published_at = coalesce(o.published_at, now())
+WHERE o.message_id = ANY (%(message_ids)s::text[]);
+
 -- name: lease_deliveries
 -- description: Lease published messages for one attempt each, only while the message is the
 --   delivery's current dispatch, and open their attempt rows before any request is sent; an
@@ -36,10 +44,11 @@ FROM media_hooks_lease_v2(%(run_id)s, %(delivery_ids)s, %(message_ids)s, %(lease
 --   a single row with empty lease columns when nothing was leased. Every row carries how many
 --   offered messages were used up (leased or found stale) and when and why to ask again.
 -- keeps: the rate limits (no lease without a permit, no permit kept without a lease: a stale
---   message spends no start token) and invariants 3, 4, 5 and 9
---   (media_hooks_lease_with_permits_v1, migration 0005).
+--   message spends no start token; a start counts from when its lease is made, however long
+--   the lease waited on a lock) and invariants 3, 4, 5 and 9
+--   (media_hooks_lease_with_permits_v2, migration 0009).
 SELECT *
-FROM media_hooks_lease_with_permits_v1(
+FROM media_hooks_lease_with_permits_v2(
     %(destination_id)s, %(holder)s, %(hold_seconds)s, %(slot_poll_seconds)s,
     %(disabled_poll_seconds)s, %(release_slots)s, %(run_id)s, %(delivery_ids)s,
     %(message_ids)s);

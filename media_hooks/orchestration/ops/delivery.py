@@ -1,10 +1,11 @@
-"""The delivery job's ops: claim → partition by destination → deliver (mapped) → summarize.
+"""The delivery job's ops: prepare → deliver a shard of destinations (mapped) → summarize.
 
 Each op is a few lines over the engine and reports what it did as output metadata, so the run
 page answers "what did this run claim, send, retry, give up on, and where are its rows".
 """
 
 import time
+import zlib
 from dataclasses import dataclass, field
 
 from dagster import (
@@ -21,13 +22,18 @@ from dagster import (
 )
 
 from media_hooks import db, figures, reconciler, requeue, sweeps
-from media_hooks.delivery import DeliveryCounts, OutcomesNotRecorded, deliver_batch, tally
+from media_hooks.cohort import Cohort
+from media_hooks.delivery import (
+    DeliveryCounts,
+    OutcomesNotRecorded,
+    deliver_destinations,
+    tally,
+)
 from media_hooks.orchestration import recovery
 from media_hooks.orchestration.config import DeliverConfig
 from media_hooks.orchestration.metadata import (
     cohort_tags,
     counts_table,
-    mapping_key,
     outcome_tags,
     rows_of_run,
 )
@@ -49,20 +55,39 @@ COUNT_COLUMNS = (
 
 
 @dataclass(frozen=True)
-class Claimed:
-    """What claim_due_pages hands on: the run's id (its outbox rows) and the batch size."""
+class Prepared:
+    """What ``prepare`` hands on: the run's cohort and sizes, and how it splits destinations."""
 
-    run_id: str
-    claimed: int
-    batch_size: int
+    cohort: Cohort
+    page_size: int
+    max_rows: int | None
+    shards: int
+    due_destinations: int
 
 
 @dataclass(frozen=True)
-class BatchResult:
-    destination_id: str
+class Shard:
+    """One delivery step's part of the destinations: those whose bucket is ``index`` of
+    ``count`` (a stable hash of the id), so a step and its re-execution serve the same ones."""
+
+    index: int
+    count: int
+    prepared: Prepared
+
+    def serves(self, destination_id: str) -> bool:
+        return zlib.crc32(destination_id.encode()) % self.count == self.index
+
+    @property
+    def mapping_key(self) -> str:
+        return f"shard_{self.index + 1}_of_{self.count}"
+
+
+@dataclass(frozen=True)
+class ShardResult:
     mapping_key: str
-    size: int
-    counts: dict[str, int] = field(default_factory=dict)
+    # Per destination: rows claimed and the delivery counts (DeliveryCounts.as_dict()).
+    claimed: dict[str, int] = field(default_factory=dict)
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
     seconds: float = 0.0
 
 
@@ -93,15 +118,17 @@ def _recover_dead_runs(context: OpExecutionContext, conn, settings) -> list[reco
 @op(
     description="Recovers dead delivery runs (marks them failed, frees their pool slots, "
     "releases their rows), sweeps expired leases and stale enqueues, optionally requeues the "
-    "cohort's dead letters, then claims due pages into the outbox under this run's id.",
-    out=Out(Claimed),
+    "cohort's dead letters, finds the destinations with due work, and hands one shard of them "
+    "to each delivery step (one shard by default). Claims nothing itself: each destination "
+    "claims its own pages as it delivers.",
+    out={"prepared": Out(Prepared), "shards": DynamicOut(Shard)},
 )
-def claim_due_pages(
+def prepare(
     context: OpExecutionContext,
     config: DeliverConfig,
     postgres: PostgresResource,
     delivery_settings: DeliverySettingsResource,
-) -> Output[Claimed]:
+):
     config.check()
     cohort = config.cohort()
     context.instance.add_run_tags(context.run_id, cohort_tags(cohort))
@@ -112,28 +139,20 @@ def claim_due_pages(
         recovered = _recover_dead_runs(context, conn, settings)
         swept = sweeps.run_sweeps(conn, settings)
         requeued = _requeue_dead(context, conn, config) if config.include_dead else 0
-        claim = reconciler.claim_due(
-            conn,
-            context.run_id,
-            cohort,
-            page_size=config.page_size or delivery_settings.default_page_size,
-            max_rows=config.max_rows or delivery_settings.default_max_rows,
-        )
-    claimed = Claimed(
-        run_id=context.run_id,
-        claimed=claim.claimed,
-        batch_size=config.batch_size or delivery_settings.default_batch_size,
+        due = reconciler.due_destinations(conn, cohort)
+    prepared = Prepared(
+        cohort=cohort,
+        page_size=config.page_size or delivery_settings.default_page_size,
+        max_rows=config.max_rows or delivery_settings.default_max_rows,
+        shards=config.shards,
+        due_destinations=len(due),
     )
-    return Output(
-        claimed,
+    yield Output(
+        prepared,
+        output_name="prepared",
         metadata={
-            "claimed": claim.claimed,
-            "pages": claim.pages,
-            "per_destination": MetadataValue.md(
-                counts_table(
-                    {d: {"claimed": n} for d, n in claim.by_destination.items()}, ["claimed"]
-                )
-            ),
+            "due_destinations": len(due),
+            "destinations": MetadataValue.md("\n".join(f"- {d}" for d in due) or "none"),
             "oldest_due_age_seconds": MetadataValue.float(before.oldest_due_age_seconds or 0.0),
             "relay_lag_seconds": MetadataValue.float(before.relay_lag_seconds or 0.0),
             "recovered_runs": MetadataValue.md(
@@ -149,73 +168,99 @@ def claim_due_pages(
             "seconds": MetadataValue.float(time.monotonic() - started),
         },
     )
-
-
-@op(
-    description="One dynamic output per destination batch (capped in size), keyed by a "
-    "readable mapping key; the real destination id travels in the batch.",
-    out=DynamicOut(reconciler.Batch),
-)
-def partition_by_destination(
-    context: OpExecutionContext, claimed: Claimed, postgres: PostgresResource
-):
-    with postgres.connection() as conn:
-        batches = reconciler.plan_batches(conn, claimed.run_id, batch_size=claimed.batch_size)
-    numbers: dict[str, int] = {}
-    for batch in batches:
-        numbers[batch.destination_id] = numbers.get(batch.destination_id, 0) + 1
-        key = mapping_key(batch.destination_id, numbers[batch.destination_id])
+    for index in range(config.shards):
+        shard = Shard(index, config.shards, prepared)
+        served = sum(1 for d in due if shard.serves(d))
         yield DynamicOutput(
-            batch,
-            mapping_key=key,
-            metadata={"destination_id": batch.destination_id, "size": batch.size},
+            shard,
+            output_name="shards",
+            mapping_key=shard.mapping_key,
+            metadata={"shard_due_destinations": served},
         )
-    context.log.info(f"{len(batches)} batch(es) for {len(numbers)} destination(s)")
+
+
+def _deliver_shard(context: OpExecutionContext, shard: Shard, postgres, settings) -> ShardResult:
+    """The shard's due destinations, each in a thread of its own (the engine's
+    deliver_destinations), on a pool with a connection for each. A canceled run's interrupt
+    stops every destination, which hands back what it holds before the step ends."""
+    prepared = shard.prepared
+    with postgres.connection(db.Role.RECONCILER) as conn:
+        due = [d for d in reconciler.due_destinations(conn, prepared.cohort) if shard.serves(d)]
+    started = time.monotonic()
+    result = ShardResult(mapping_key=shard.mapping_key)
+    if not due:
+        return result
+    with db.open_pool(postgres.url(), max_size=len(due) + 1, settings=settings) as pool:
+        for done in deliver_destinations(
+            pool,
+            context.run_id,
+            due,
+            settings,
+            cohort=prepared.cohort,
+            claim_page_size=prepared.page_size,
+            max_rows=_shard_rows(prepared.max_rows, shard),
+        ):
+            result.claimed[done.destination_id] = done.claimed
+            result.counts[done.destination_id] = done.counts.as_dict()
+            context.log.info(
+                f"{done.destination_id}: claimed {done.claimed}, "
+                f"succeeded {done.counts.succeeded} in {done.seconds:.1f} s"
+            )
+    return ShardResult(
+        result.mapping_key, result.claimed, result.counts, time.monotonic() - started
+    )
+
+
+def _shard_rows(max_rows: int | None, shard: Shard) -> int | None:
+    """A shard's part of the run's row cap (the first shards take the remainder)."""
+    if max_rows is None:
+        return None
+    return max_rows // shard.count + (1 if shard.index < max_rows % shard.count else 0)
 
 
 @op(
-    description="Delivers one destination batch through the engine, honouring the destination's "
-    "global limits. A destination's failures are counted, not raised; only infrastructure "
-    "faults fail the step (and Dagster retries those; webhook retries are the table's), except "
-    "outcomes the database refused to record: that failure is final, never hidden by a retry.",
+    description="Delivers a shard of the due destinations (all of them by default) through the "
+    "engine, each destination in a thread of its own that claims its deliveries a page at a "
+    "time, honouring its global limits. A destination's failures are counted, not raised; "
+    "only infrastructure faults fail the step (and Dagster retries those; webhook retries are "
+    "the table's), except outcomes the database refused to record: that failure is final, "
+    "never hidden by a retry.",
     pool=DELIVERY_POOL,
     retry_policy=RetryPolicy(max_retries=2, delay=2, backoff=Backoff.EXPONENTIAL),
-    out=Out(BatchResult),
+    out=Out(ShardResult),
 )
-def deliver_destination_batch(
+def deliver_shard(
     context: OpExecutionContext,
-    batch: reconciler.Batch,
+    shard: Shard,
     postgres: PostgresResource,
     delivery_settings: DeliverySettingsResource,
-) -> Output[BatchResult]:
-    started = time.monotonic()
+) -> Output[ShardResult]:
     try:
-        counts = deliver_batch(postgres.pool, context.run_id, batch, delivery_settings.settings())
+        result = _deliver_shard(context, shard, postgres, delivery_settings.settings())
     except OutcomesNotRecorded as exc:
-        # A step retry would find these deliveries leased, skip them and end green, leaving
-        # their outcomes to lease expiry: the failure must show.
+        # A step retry would not record them and would end green, leaving their outcomes to
+        # lease expiry: the failure must show.
         raise Failure(
             description=str(exc),
-            metadata={"destination_id": batch.destination_id, "deliveries": exc.delivery_ids},
+            metadata={"deliveries": exc.delivery_ids},
             allow_retries=False,
         ) from exc
-    seconds = time.monotonic() - started
-    result = BatchResult(
-        destination_id=batch.destination_id,
-        mapping_key=context.get_mapping_key() or "",
-        size=batch.size,
-        counts=counts.as_dict(),
-        seconds=seconds,
-    )
+    totals, _ = tally((d, DeliveryCounts(**c)) for d, c in result.counts.items())
+    per_destination = {
+        d: {"claimed": result.claimed[d], **c} for d, c in sorted(result.counts.items())
+    }
     return Output(
         result,
         metadata={
-            "destination_id": batch.destination_id,
-            "batch_size": batch.size,
-            **{name: counts.as_dict().get(name, 0) for name in COUNT_COLUMNS},
-            "seconds": MetadataValue.float(seconds),
+            "destinations": len(result.counts),
+            "claimed": sum(result.claimed.values()),
+            **{name: getattr(totals, name) for name in COUNT_COLUMNS},
+            "per_destination": MetadataValue.md(
+                counts_table(per_destination, ("claimed", *COUNT_COLUMNS))
+            ),
+            "seconds": MetadataValue.float(result.seconds),
             "deliveries_per_second": MetadataValue.float(
-                counts.attempted / seconds if seconds else 0.0
+                totals.attempted / result.seconds if result.seconds else 0.0
             ),
         },
     )
@@ -242,17 +287,17 @@ class RunSummary:
         }
 
 
-def summarize(run_id: str, claimed: Claimed, results: list[BatchResult]) -> RunSummary:
-    totals, per_destination = tally((r.destination_id, DeliveryCounts(**r.counts)) for r in results)
-    sizes: dict[str, int] = {}
-    for result in results:
-        sizes[result.destination_id] = sizes.get(result.destination_id, 0) + result.size
+def summarize(run_id: str, results: list[ShardResult]) -> RunSummary:
+    totals, per_destination = tally(
+        (d, DeliveryCounts(**c)) for result in results for d, c in result.counts.items()
+    )
+    claimed = {d: n for result in results for d, n in result.claimed.items()}
     return RunSummary(
         run_id=run_id,
-        claimed=claimed.claimed,
+        claimed=sum(claimed.values()),
         totals=totals.as_dict(),
         per_destination={
-            d: {"claimed": sizes[d], **c.as_dict()} for d, c in per_destination.items()
+            d: {"claimed": claimed[d], **c.as_dict()} for d, c in per_destination.items()
         },
     )
 
@@ -262,9 +307,9 @@ def summarize(run_id: str, claimed: Claimed, results: list[BatchResult]) -> RunS
     "the run's outcome as tags for the run list (media_hooks/outcome, media_hooks/delivered)."
 )
 def summarize_run(
-    context: OpExecutionContext, claimed: Claimed, results: list[BatchResult]
+    context: OpExecutionContext, prepared: Prepared, results: list[ShardResult]
 ) -> Output[RunSummary]:
-    summary = summarize(claimed.run_id, claimed, results)
+    summary = summarize(context.run_id, results)
     tags = outcome_tags(summary.claimed, summary.totals)
     context.instance.add_run_tags(context.run_id, tags)
     return Output(
@@ -276,7 +321,8 @@ def summarize_run(
             "per_destination": MetadataValue.md(
                 counts_table(summary.per_destination, ("claimed", *COUNT_COLUMNS))
             ),
-            "rows_of_this_run": MetadataValue.md(rows_of_run(claimed.run_id)),
+            "rows_of_this_run": MetadataValue.md(rows_of_run(context.run_id)),
+            "due_destinations": prepared.due_destinations,
             "steps": len(results),
         },
     )

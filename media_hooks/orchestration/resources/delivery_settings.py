@@ -20,9 +20,8 @@ class DeliverySettingsResource(ConfigurableResource):
         default=None,
         description="Override MEDIA_HOOKS_ENQUEUE_TIMEOUT_SECONDS for this deployment.",
     )
-    default_page_size: int = Field(default=250, description="Rows claimed per transaction.")
-    default_batch_size: int = Field(
-        default=1000, description="Most outbox rows one mapped delivery step takes."
+    default_page_size: int = Field(
+        default=250, description="Rows a destination claims per transaction."
     )
     default_max_rows: int | None = Field(
         default=None, description="Most rows one run claims; empty means no cap."

@@ -1,0 +1,157 @@
+"""How long `media-hooks check` takes on a large database (issue 12: under 10 s at 1,000,000
+deliveries on the embedded server for the default pass; ``--all`` may be slower).
+
+    python -m bench.check_speed                 # 1,000,000 deliveries
+    python -m bench.check_speed --deliveries 100000
+
+Seeds a scratch database with a realistic history (mostly succeeded deliveries with their
+outbox rows and attempts over three days, some dead, a pending backlog, a few thousand enqueued
+and leased ones in flight, tombstones of purged deliveries, limiter rows), then times the
+default pass (median of three) and one ``--all`` pass through ``media_hooks.checks.run``.
+Writes ``bench/results/check_speed.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import statistics
+import sys
+import time
+
+import psycopg
+from psycopg.rows import dict_row
+
+from bench.scratch import (
+    Destination,
+    add_destinations,
+    postgres,
+    scratch_database,
+    write_results,
+)
+from media_hooks import checks
+
+DESTINATIONS = 20
+
+# Of every 1000 deliveries: 900 succeeded, 50 dead, 40 pending, 5 enqueued, 5 leased.
+SEED = """
+WITH made AS (
+    INSERT INTO webhook_delivery
+        (delivery_id, destination_id, asset_id, event_type, payload, body, state,
+         attempt_count, budget_used, dispatch_count, current_message_id, lease_until,
+         lease_token, last_outcome, next_attempt_at, created_at, updated_at)
+    SELECT 'd-' || g, 'dest-' || (g %% %(destinations)s + 1), 'asset-' || g, 'transcode.completed',
+           jsonb_build_object('n', g),
+           convert_to(json_build_object('type', 'transcode.completed', 'n', g)::text, 'UTF8'),
+           s.state,
+           CASE WHEN s.state IN ('pending', 'enqueued') THEN 0 ELSE 1 END,
+           CASE WHEN s.state IN ('pending', 'enqueued') THEN 0 ELSE 1 END,
+           CASE WHEN s.state = 'pending' THEN 0 ELSE 1 END,
+           CASE WHEN s.state <> 'pending' THEN 'd-' || g || ':1' END,
+           CASE WHEN s.state = 'leased' THEN now() + interval '90 seconds' END,
+           CASE WHEN s.state = 'leased' THEN gen_random_uuid() END,
+           CASE s.state WHEN 'succeeded' THEN 'success' WHEN 'dead' THEN 'rejected' END,
+           now() - make_interval(secs => g %% 600),
+           now() - make_interval(secs => 259200.0 * g / %(rows)s),
+           now() - make_interval(secs => 259200.0 * g / %(rows)s)
+    FROM generate_series(1, %(rows)s) AS g,
+         LATERAL (SELECT CASE WHEN g %% 1000 < 900 THEN 'succeeded'
+                              WHEN g %% 1000 < 950 THEN 'dead'
+                              WHEN g %% 1000 < 990 THEN 'pending'
+                              WHEN g %% 1000 < 995 THEN 'enqueued'
+                              ELSE 'leased' END AS state) AS s
+    RETURNING *
+),
+identities AS (
+    INSERT INTO delivery_identity (delivery_id) SELECT delivery_id FROM made
+),
+outbox AS (
+    INSERT INTO dispatch_outbox
+        (message_id, delivery_id, dispatch_no, destination_id, run_id, body, created_at,
+         published_at)
+    SELECT current_message_id, delivery_id, 1, destination_id, 'run-' || (updated_at::date),
+           body, updated_at, CASE WHEN state <> 'enqueued' THEN updated_at END
+    FROM made WHERE state <> 'pending'
+)
+INSERT INTO delivery_attempt
+    (delivery_id, attempt_no, destination_id, message_id, run_id, lease_token, started_at,
+     finished_at, outcome, http_status)
+SELECT delivery_id, 1, destination_id, current_message_id, 'run-' || (updated_at::date),
+       coalesce(lease_token, gen_random_uuid()), updated_at - interval '1 second',
+       CASE WHEN state <> 'leased' THEN updated_at END, last_outcome,
+       CASE state WHEN 'succeeded' THEN 200 WHEN 'dead' THEN 410 END
+FROM made WHERE state IN ('succeeded', 'dead', 'leased')
+"""
+
+TOMBSTONES = """
+INSERT INTO delivery_identity (delivery_id, destination_id, created_at, final_state, purged_at)
+SELECT 'purged-' || g, 'dest-1', now() - interval '40 days', 'succeeded', now() - interval '9 days'
+FROM generate_series(1, %(rows)s) AS g
+"""
+
+LIMITERS = """
+INSERT INTO destination_limiter (destination_id, level, slot_until, slot_holder)
+SELECT destination_id, 1, ARRAY[now() + interval '60 seconds', NULL, NULL, NULL]::timestamptz[],
+       ARRAY[1, NULL, NULL, NULL]::bigint[]
+FROM webhook_destination
+"""
+
+
+def seed(url: str, rows: int) -> float:
+    started = time.perf_counter()
+    add_destinations(
+        url, [Destination(f"dest-{n}", f"http://127.0.0.1:9/{n}") for n in range(1, 21)]
+    )
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(SEED, {"rows": rows, "destinations": DESTINATIONS})
+        conn.execute(TOMBSTONES, {"rows": rows // 10})
+        conn.execute(LIMITERS)
+        conn.execute("VACUUM ANALYZE")
+    return time.perf_counter() - started
+
+
+def timed(url: str, options: checks.Options) -> tuple[float, checks.Report]:
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        started = time.perf_counter()
+        report = checks.run(conn, options)
+        return time.perf_counter() - started, report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.check_speed", description=__doc__)
+    parser.add_argument("--deliveries", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=3, help="default passes timed")
+    args = parser.parse_args(argv)
+    with scratch_database("mh_bench_check") as url:
+        print(f"seeding {args.deliveries:,} deliveries ...", flush=True)
+        seeded = seed(url, args.deliveries)
+        print(f"seeded in {seeded:.0f} s", flush=True)
+        passes = [timed(url, checks.Options()) for _ in range(args.repeat)]
+        default = statistics.median(seconds for seconds, _ in passes)
+        full_seconds, full_report = timed(url, checks.Options(full=True))
+        server = postgres(url)
+    broken = sorted({r.name for _, report in passes for r in report.failed()})
+    broken += [f"{r.name} (--all)" for r in full_report.failed()]
+    figures = {
+        "command": shlex.join(["python", "-m", "bench.check_speed", *(argv or sys.argv[1:])]),
+        "postgres": server,
+        "deliveries": args.deliveries,
+        "seed_seconds": round(seeded, 1),
+        "default_pass_seconds": [round(seconds, 3) for seconds, _ in passes],
+        "default_pass_median_seconds": round(default, 3),
+        "all_pass_seconds": round(full_seconds, 3),
+        "broken_on_the_seeded_history": broken,
+    }
+    path = write_results("check_speed", figures)
+    print(
+        f"check at {args.deliveries:,} deliveries: default {default:.2f} s (median of "
+        f"{args.repeat}), --all {full_seconds:.2f} s; wrote {path}"
+    )
+    if broken:
+        print(f"the seeded history should hold, but broke: {', '.join(broken)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+-- `media-hooks check` (media_hooks.checks): the DESIGN.md invariants that can be seen in the
+-- tables, each one read-only statement returning how many rows break it and up to five of their
+-- ids. They run together in one READ ONLY REPEATABLE READ transaction, so every count is of the
+-- same snapshot and now() is one instant for all of them.
+--
+-- Each statement starts from a partial index or a bounded range of one, so the default pass
+-- reads the live backlog (leased, enqueued, open attempts, limiter rows) and the history of the
+-- window only (%(since)s: attempts and terminal rows newer than it). --all passes '-infinity' as
+-- since: the same statements then read the whole history (sequential scans, slower, opt-in).
+-- media_hooks_tests/test_query_plans.py holds the default pass to its indexes.
+
+-- name: check_clock
+-- description: the snapshot's instant, and where the window of history begins.
+SELECT now() AS now, now() - make_interval(secs => %(window_seconds)s) AS since;
+
+-- name: check_leased_without_one_open_attempt
+-- description: leased deliveries that do not have exactly one open attempt, their newest, under
+--   their lease token (webhook_delivery_lease, then delivery_attempt's key per delivery).
+WITH bad AS (
+    SELECT d.delivery_id
+    FROM webhook_delivery AS d
+    WHERE d.state = 'leased'
+      AND ((SELECT count(*) FROM delivery_attempt AS a
+             WHERE a.delivery_id = d.delivery_id AND a.finished_at IS NULL) <> 1
+           OR NOT EXISTS (SELECT 1 FROM delivery_attempt AS a
+                           WHERE a.delivery_id = d.delivery_id
+                             AND a.attempt_no = d.attempt_count
+                             AND a.lease_token = d.lease_token
+                             AND a.finished_at IS NULL))
+)
+SELECT count(*) AS violations, (array_agg(delivery_id ORDER BY delivery_id))[1:5] AS examples
+FROM bad;
+
+-- name: check_open_attempt_without_lease
+-- description: open attempts whose delivery is not leased under the attempt's token as its
+--   newest attempt (delivery_attempt_finished: its NULL finish times, then the delivery's key).
+WITH bad AS (
+    SELECT a.delivery_id || '#' || a.attempt_no AS id
+    FROM delivery_attempt AS a
+    JOIN webhook_delivery AS d ON d.delivery_id = a.delivery_id
+    WHERE a.finished_at IS NULL
+      AND NOT (d.state = 'leased'
+               AND d.lease_token = a.lease_token
+               AND d.attempt_count = a.attempt_no)
+)
+SELECT count(*) AS violations, (array_agg(id ORDER BY id))[1:5] AS examples
+FROM bad;
+
+-- name: check_open_attempt_past_lease
+-- description: open attempts whose lease ended more than the margin ago: a lost worker's lease
+--   that no sweep has ended (delivery_attempt_finished's NULLs, then the delivery's key).
+WITH bad AS (
+    SELECT a.delivery_id || '#' || a.attempt_no AS id
+    FROM delivery_attempt AS a
+    JOIN webhook_delivery AS d ON d.delivery_id = a.delivery_id
+    WHERE a.finished_at IS NULL
+      AND d.state = 'leased'
+      AND d.lease_until < now() - make_interval(secs => %(lease_margin_seconds)s)
+)
+SELECT count(*) AS violations, (array_agg(id ORDER BY id))[1:5] AS examples
+FROM bad;
+
+-- name: check_two_successes
+-- description: deliveries with a success attempt in the window and another success attempt
+--   (delivery_attempt_finished by finish time, then delivery_attempt's key per delivery).
+WITH bad AS (
+    SELECT DISTINCT a.delivery_id
+    FROM delivery_attempt AS a
+    WHERE a.finished_at >= %(since)s
+      AND a.outcome = 'success'
+      AND EXISTS (SELECT 1 FROM delivery_attempt AS b
+                   WHERE b.delivery_id = a.delivery_id
+                     AND b.attempt_no <> a.attempt_no
+                     AND b.outcome = 'success')
+)
+SELECT count(*) AS violations, (array_agg(delivery_id ORDER BY delivery_id))[1:5] AS examples
+FROM bad;
+
+-- name: check_send_without_reason
+-- description: attempts started in the window that follow an earlier attempt of their delivery
+--   without a recorded reason to send again: the previous attempt must have finished before,
+--   as retryable, rate limited or ambiguous, or as rejected and then requeued by an operator
+--   (delivery_attempt_started, then delivery_attempt's key and delivery_requeue_item_delivery).
+WITH bad AS (
+    SELECT a.delivery_id || '#' || a.attempt_no AS id
+    FROM delivery_attempt AS a
+    LEFT JOIN delivery_attempt AS p
+      ON p.delivery_id = a.delivery_id AND p.attempt_no = a.attempt_no - 1
+    WHERE a.started_at >= %(since)s
+      AND a.attempt_no > 1
+      AND NOT coalesce(
+          p.finished_at <= a.started_at
+          AND (p.outcome IN ('retryable', 'rate_limited', 'ambiguous')
+               OR (p.outcome = 'rejected'
+                   AND EXISTS (SELECT 1 FROM delivery_requeue_item AS r
+                                WHERE r.delivery_id = a.delivery_id))),
+          false)
+)
+SELECT count(*) AS violations, (array_agg(id ORDER BY id))[1:5] AS examples
+FROM bad;
+
+-- name: check_success_matches_state
+-- description: deliveries that succeeded in the window without a success attempt, and success
+--   attempts of the window whose delivery is not succeeded (webhook_delivery_terminal and
+--   delivery_attempt_finished by time, then keys).
+WITH bad AS (
+    SELECT d.delivery_id
+    FROM webhook_delivery AS d
+    WHERE d.state IN ('succeeded', 'dead')
+      AND d.updated_at >= %(since)s
+      AND d.state = 'succeeded'
+      AND NOT EXISTS (SELECT 1 FROM delivery_attempt AS a
+                       WHERE a.delivery_id = d.delivery_id AND a.outcome = 'success')
+    UNION
+    SELECT a.delivery_id
+    FROM delivery_attempt AS a
+    JOIN webhook_delivery AS d ON d.delivery_id = a.delivery_id
+    WHERE a.finished_at >= %(since)s
+      AND a.outcome = 'success'
+      AND d.state <> 'succeeded'
+)
+SELECT count(*) AS violations, (array_agg(delivery_id ORDER BY delivery_id))[1:5] AS examples
+FROM bad;
+
+-- name: check_tombstone_beside_live
+-- description: tombstones (delivery_identity with a final state, the delivery_tombstone view of
+--   migration 0005) that share their id with a live delivery (delivery_identity_tombstone, then
+--   the delivery's key).
+WITH bad AS (
+    SELECT i.delivery_id
+    FROM delivery_identity AS i
+    JOIN webhook_delivery AS d ON d.delivery_id = i.delivery_id
+    WHERE i.final_state IS NOT NULL
+)
+SELECT count(*) AS violations, (array_agg(delivery_id ORDER BY delivery_id))[1:5] AS examples
+FROM bad;
+
+-- name: check_delivery_without_identity
+-- description: deliveries updated in the window with no identity row (migration 0005: every
+--   emit records the id first). With --all, every delivery (an anti-join of the two keys).
+WITH bad AS (
+    SELECT d.delivery_id
+    FROM webhook_delivery AS d
+    WHERE (%(since)s = '-infinity'::timestamptz
+           OR (d.state IN ('succeeded', 'dead') AND d.updated_at >= %(since)s)
+           OR d.state IN ('enqueued', 'leased'))
+      AND NOT EXISTS (SELECT 1 FROM delivery_identity AS i WHERE i.delivery_id = d.delivery_id)
+)
+SELECT count(*) AS violations, (array_agg(delivery_id ORDER BY delivery_id))[1:5] AS examples
+FROM bad;
+
+-- name: check_enqueued_without_outbox
+-- description: enqueued deliveries without a committed outbox row for their current dispatch
+--   (webhook_delivery_enqueued, then dispatch_outbox's key).
+WITH bad AS (
+    SELECT d.delivery_id
+    FROM webhook_delivery AS d
+    LEFT JOIN dispatch_outbox AS o ON o.message_id = d.current_message_id
+    WHERE d.state = 'enqueued'
+      AND (o.message_id IS NULL
+           OR o.delivery_id <> d.delivery_id
+           OR o.dispatch_no <> d.dispatch_count)
+)
+SELECT count(*) AS violations, (array_agg(delivery_id ORDER BY delivery_id))[1:5] AS examples
+FROM bad;
+
+-- name: check_permits_past_hold
+-- description: in-flight permits held until later than one hold from now: no grant holds a slot
+--   longer than the hold (the lease, stretched for a slow destination to its worst-case send,
+--   3 x its timeout: media_hooks.delivery.lease_seconds_for), so such a slot would never come
+--   back by expiry (destination_limiter: one row per destination).
+WITH bad AS (
+    SELECT l.destination_id || '#' || held.slot AS id
+    FROM destination_limiter AS l
+    JOIN webhook_destination AS w ON w.destination_id = l.destination_id
+    CROSS JOIN LATERAL unnest(l.slot_until) WITH ORDINALITY AS held(until, slot)
+    WHERE held.until > now() + make_interval(
+        secs => greatest(%(hold_seconds)s, 3 * w.timeout_seconds) + %(clock_slack_seconds)s)
+)
+SELECT count(*) AS violations, (array_agg(id ORDER BY id))[1:5] AS examples
+FROM bad;
+
+-- name: check_counts_by_state
+-- description: deliveries per state counted through each state's own partial index
+--   (webhook_delivery_due, _enqueued, _lease, _dead, _terminal), to set against `status`'s
+--   counts (figures_counts_by_state, through webhook_delivery_destination_state).
+SELECT (SELECT count(*) FROM webhook_delivery WHERE state = 'pending') AS pending,
+       (SELECT count(*) FROM webhook_delivery WHERE state = 'enqueued') AS enqueued,
+       (SELECT count(*) FROM webhook_delivery WHERE state = 'leased') AS leased,
+       (SELECT count(*) FROM webhook_delivery
+         WHERE state IN ('succeeded', 'dead')) - (SELECT count(*) FROM webhook_delivery
+                                                   WHERE state = 'dead') AS succeeded,
+       (SELECT count(*) FROM webhook_delivery WHERE state = 'dead') AS dead;

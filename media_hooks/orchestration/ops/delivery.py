@@ -162,6 +162,8 @@ def prepare(
             "swept_expired_leases": swept.expired_leases,
             "swept_stale_enqueues": swept.stale_enqueues,
             "breaker_disabled": swept.breaker_disabled,
+            "superseded": swept.superseded,
+            "parked_held": swept.parked,
             "requeued_dead": requeued,
             "cohort": MetadataValue.json(cohort.describe()),
             "seconds": MetadataValue.float(time.monotonic() - started),

@@ -9,6 +9,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from dagster import (
+    Backoff,
     DynamicOut,
     DynamicOutput,
     Failure,
@@ -16,6 +17,7 @@ from dagster import (
     OpExecutionContext,
     Out,
     Output,
+    RetryPolicy,
     RetryRequested,
     op,
 )
@@ -40,9 +42,6 @@ from media_hooks.orchestration.resources import DeliverySettingsResource, Postgr
 
 # The op pool (dagster.yaml, concurrency > pools) caps delivery steps across all runs.
 DELIVERY_POOL = "media_hooks_delivery"
-# An infrastructure fault fails a delivery step; Dagster retries it twice, after 2 s and 4 s.
-STEP_RETRIES = 2
-STEP_RETRY_SECONDS = 2.0
 COUNT_COLUMNS = (
     "attempted",
     "succeeded",
@@ -163,6 +162,8 @@ def prepare(
             "swept_expired_leases": swept.expired_leases,
             "swept_stale_enqueues": swept.stale_enqueues,
             "breaker_disabled": swept.breaker_disabled,
+            "superseded": swept.superseded,
+            "parked_held": swept.parked,
             "requeued_dead": requeued,
             "cohort": MetadataValue.json(cohort.describe()),
             "seconds": MetadataValue.float(time.monotonic() - started),
@@ -218,6 +219,10 @@ def _shard_rows(max_rows: int | None, shard: Shard) -> int | None:
     return max_rows // shard.count + (1 if shard.index < max_rows % shard.count else 0)
 
 
+# Infrastructure faults of a delivery step: two more tries, 2 s and then 6 s after a failure.
+STEP_RETRY = RetryPolicy(max_retries=2, delay=2, backoff=Backoff.EXPONENTIAL)
+
+
 @op(
     description="Delivers a shard of the due destinations (all of them by default) through the "
     "engine, each destination in a thread of its own that claims its deliveries a page at a "
@@ -245,11 +250,12 @@ def deliver_shard(
             allow_retries=False,
         ) from exc
     except Exception as exc:
-        # Retried here rather than by a RetryPolicy: Dagster turns an interrupt (a canceled
-        # run) into a retry of a step that has one, and the in-process executor then runs it.
+        # Retried by request, not by a retry_policy on the op: under a policy Dagster turns the
+        # interrupt of a canceled run into a retry, and an in-process run would then deliver
+        # again in the same process and end green instead of canceled.
         raise RetryRequested(
-            max_retries=STEP_RETRIES,
-            seconds_to_wait=STEP_RETRY_SECONDS * 2**context.retry_number,
+            max_retries=STEP_RETRY.max_retries,
+            seconds_to_wait=STEP_RETRY.calculate_delay(context.retry_number + 1),
         ) from exc
     totals, _ = tally((d, DeliveryCounts(**c)) for d, c in result.counts.items())
     per_destination = {

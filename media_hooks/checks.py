@@ -24,7 +24,6 @@ from psycopg import IsolationLevel
 from media_hooks import figures
 from media_hooks.sqlfiles import query
 
-EXAMPLES = 5
 DEFAULT_WINDOW_SECONDS = 86400.0
 DEFAULT_LEASE_MARGIN_SECONDS = 600.0
 # The limiter's grants read clock_timestamp(), a little later than the snapshot's now().
@@ -171,7 +170,7 @@ def run(conn: psycopg.Connection, options: Options = Options()) -> Report:
             if not options.full:
                 # The default pass reads through its indexes whatever the statistics say (a
                 # backlog that just turned leased looks empty to them), so it stays bounded.
-                conn.execute("SET LOCAL enable_seqscan = off")
+                conn.execute(query("check_through_indexes"))
             parameters = _parameters(conn, options)
             # '-infinity' rather than NULL: the statements compare with it, and the planner
             # turns that comparison into a whole-table read only when it is asked for.

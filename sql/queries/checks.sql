@@ -9,6 +9,11 @@
 -- since: the same statements then read the whole history (sequential scans, slower, opt-in).
 -- media_hooks_tests/test_query_plans.py holds the default pass to its indexes.
 
+-- name: check_through_indexes
+-- description: the default pass reads through the indexes, whatever the statistics say (for
+--   this transaction only).
+SET LOCAL enable_seqscan = off;
+
 -- name: check_clock
 -- description: the snapshot's instant, and where the window of history begins.
 SELECT now() AS now, now() - make_interval(secs => %(window_seconds)s) AS since;

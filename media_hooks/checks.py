@@ -144,6 +144,8 @@ def _parameters(conn: psycopg.Connection, options: Options) -> dict[str, Any]:
 
 def _counts(conn: psycopg.Connection) -> Result:
     shown = figures.measure(conn).totals
+    # `status` counts a dead delivery closed unsent under its reason (superseded, discarded).
+    shown["dead"] += sum(shown.pop(reason) for reason in figures.CLOSED)
     rows = conn.execute(query("check_counts_by_state")).fetchone()
     differ = [
         f"{state}: status {shown[state]}, rows {rows[state]}"

@@ -45,7 +45,7 @@ from bench.soak_table import measure, render
 
 LEASE_SECONDS = 8.0
 ENQUEUE_TIMEOUT_SECONDS = 20.0
-BURST, MAX_IN_FLIGHT, TIMEOUT_SECONDS = 4, 3, 1.5
+BURST, MAX_IN_FLIGHT, TIMEOUT_SECONDS = 8, 8, 1.5
 
 
 @dataclass(frozen=True)

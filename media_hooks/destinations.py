@@ -35,6 +35,7 @@ from media_hooks.ssrf import ForbiddenAddress, check_url
 # timeout still has time to record its outcome before another worker may take the delivery.
 LEASE_MARGIN_SECONDS = 5.0
 SECRET_PREFIX = "whsec_"
+MAX_PATTERN_CHARS = 256  # an event type's longest (media_hooks.emit.MAX_EVENT_TYPE_CHARS)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,10 @@ class DestinationSpec:
     max_attempts: int | None = None
     backoff_base_seconds: float | None = None
     backoff_cap_seconds: float | None = None
+    # Subscriptions: exact event types or `prefix.*`; () means every type; None keeps them.
+    event_types: tuple[str, ...] | None = None
+    ordering: str | None = None  # 'asset': an asset's deliveries in emission order; 'none'
+    coalescing: str | None = None  # 'asset': only an asset's newest of each type is sent
 
 
 @dataclass(frozen=True)
@@ -175,6 +180,45 @@ def out_of_range(destination: Destination) -> str | None:
     )
 
 
+# Subscription patterns: an exact event type, or a prefix ending in `.*` (`rights.*` matches
+# `rights.updated` and `rights.window.opened`, not `rights`). `*` alone means every type.
+EVERY_TYPE = "*"
+SCOPES = ("none", "asset")
+
+
+def validate_pattern(pattern: object) -> str:
+    """One subscription pattern, or a UserError naming what is wrong with it."""
+    if not isinstance(pattern, str) or not pattern:
+        raise UserError("--event-type must not be empty")
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise UserError(
+            f"--event-type {pattern[:40]!r}... is {len(pattern)} characters long; "
+            f"at most {MAX_PATTERN_CHARS} are allowed"
+        )
+    if any(ch.isspace() or not ch.isprintable() for ch in pattern):
+        raise UserError(f"--event-type {pattern!r} contains whitespace or a control character")
+    if "*" in pattern and not (pattern.endswith(".*") and "*" not in pattern[:-2] and pattern[:-2]):
+        raise UserError(
+            f"--event-type {pattern!r}: '*' may only end a pattern as `prefix.*` "
+            "(e.g. 'rights.*'), or stand alone for every type"
+        )
+    return pattern
+
+
+def subscription_patterns(event_types: tuple[str, ...]) -> list[str]:
+    """The patterns to store: validated, without repeats; `*` (every type) stores none."""
+    if EVERY_TYPE in event_types:
+        if len(event_types) > 1:
+            raise UserError("--event-type '*' (every type) cannot be combined with other types")
+        return []
+    return sorted({validate_pattern(p) for p in event_types})
+
+
+def _check_scope(value: str | None, option: str) -> None:
+    if value is not None and value not in SCOPES:
+        raise UserError(f"{option} must be one of {', '.join(SCOPES)}, got {value!r}")
+
+
 def _check_timeout(timeout_seconds: float | None, settings: Settings) -> None:
     if timeout_seconds is None:
         return
@@ -202,6 +246,10 @@ def validate_spec(spec: DestinationSpec, settings: Settings) -> None:
     _check_range(spec)
     _check_timeout(spec.timeout_seconds, settings)
     _check_backoff(spec.backoff_base_seconds, spec.backoff_cap_seconds)
+    if spec.event_types is not None:
+        subscription_patterns(spec.event_types)
+    _check_scope(spec.ordering, "--ordering")
+    _check_scope(spec.coalescing, "--coalesce")
     try:
         check_url(spec.url, settings.allow_private_urls)
     except ForbiddenAddress as exc:
@@ -250,6 +298,7 @@ def upsert_destination(
     validate_spec(spec, settings)
     params = asdict(spec)
     params["secrets"] = None if spec.secrets is None else [box.seal(s) for s in spec.secrets]
+    del params["event_types"]
     try:
         with conn.transaction():
             if spec.secrets:
@@ -257,6 +306,12 @@ def upsert_destination(
             created = _fetch(conn, "destination_create_with_defaults", params)
             (stored,) = _fetch(conn, "destination_update_given", params)
             _check_stored(stored, settings)
+            if spec.ordering == "none":
+                _fetch(conn, "destination_release_parked", {"destination_id": spec.destination_id})
+            if spec.event_types is not None:
+                patterns = subscription_patterns(spec.event_types)
+                subscription = {"destination_id": spec.destination_id, "patterns": patterns}
+                _fetch(conn, "destination_subscribe", subscription)
     except pg_errors.CheckViolation as exc:
         raise _schema_refusal(exc) from None
     return bool(created)

@@ -49,6 +49,10 @@ _RACE_TRIES = 3
 DERIVED_ID_PREFIX = "evt_"
 EVENT_FIELDS = ("destination_id", "asset_id", "event_type", "payload", "delivery_id")
 _REQUIRED_FIELDS = EVENT_FIELDS[:4]
+# A line of a file that fans an event out: no destination, an event id instead.
+FAN_OUT_FIELDS = ("event_id", "asset_id", "event_type", "payload")
+# How many of a bulk emit's events that matched no destination are named in its result.
+UNMATCHED_SAMPLE = 5
 
 # Canonical JSON: compact, keys sorted (equal payloads give equal bytes whatever the key order
 # they were built in), UTF-8 as is, and no NaN or Infinity, which JSON does not have.
@@ -72,6 +76,32 @@ class Event:
 
 
 @dataclass(frozen=True)
+class FanOutEvent:
+    """One business event for every destination subscribed to its type (fan-out).
+
+    Each subscribed destination gets one delivery whose id is derived from ``event_id`` and the
+    destination (``event_delivery_id``): emitting the same event again records nothing new.
+    """
+
+    event_id: str
+    asset_id: str
+    event_type: str
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class FanOutResult:
+    event_id: str
+    recorded: bool  # False: this event_id was already recorded, nothing was written
+    destination_ids: tuple[str, ...]  # where its deliveries went; () matched no destination
+    inserted: int  # deliveries written now
+
+    @property
+    def delivery_ids(self) -> tuple[str, ...]:
+        return tuple(event_delivery_id(self.event_id, d) for d in self.destination_ids)
+
+
+@dataclass(frozen=True)
 class EmitResult:
     delivery_id: str
     inserted: bool  # False: this delivery_id was already recorded, nothing was written
@@ -81,17 +111,26 @@ class EmitResult:
 class EmitCounts:
     inserted: int
     already_present: int  # distinct delivery_ids that were already recorded
+    # Fan-out events (FanOutEvent, or a file's lines with an event_id):
+    events_recorded: int = 0
+    events_already_present: int = 0
+    events_unmatched: int = 0  # of events_recorded: matched no destination
+    unmatched_sample: tuple[str, ...] = ()  # the first few of those, by event_id
 
 
 # The staging table's columns, in COPY order (sql/queries/emit.sql, emit_staging_create).
-_STAGING_TYPES = ("int8", "text", "text", "text", "text", "text", "bytea", "bytea")
+_STAGING_TYPES = ("int8", "text", "text", "text", "text", "text", "text", "bytea", "bytea")
+# A fan-out line's key in staging: '/' is in no identifier's alphabet (sql/queries/emit.sql).
+_EVENT_KEY = "/"
 
 
 class _Row(NamedTuple):
-    """A validated event, as stored; the body around its timestamp, which the database stamps."""
+    """A validated event, as stored; the body around its timestamp, which the database stamps.
+    A fan-out event has no destination: its delivery_id is _EVENT_KEY + its event_id."""
 
     delivery_id: str
-    destination_id: str
+    destination_id: str | None
+    event_id: str | None
     asset_id: str
     event_type: str
     payload: str
@@ -212,6 +251,13 @@ def derive_delivery_id(destination_id: str, event_type: str, asset_id: str, payl
     return _derived_id(destination_id, event_type, asset_id, _payload_json(payload))
 
 
+def event_delivery_id(event_id: str, destination_id: str) -> str:
+    """The delivery_id of an event's delivery to one destination: the same pair always gives
+    the same id (media_hooks_event_delivery_id_v1 in the database computes the same)."""
+    digest = hashlib.sha256(f"{event_id}/{destination_id}".encode()).hexdigest()
+    return "fan_" + digest[:32]
+
+
 def _text_field(value: object, what: str, max_chars: int) -> str:
     if not isinstance(value, str) or not value:
         raise UserError(f"{what} must be a non-empty string")
@@ -222,9 +268,14 @@ def _text_field(value: object, what: str, max_chars: int) -> str:
     return value
 
 
-def _prepare(event: Event, max_payload_bytes: int) -> _Row:
+def _prepare(event: Event | FanOutEvent, max_payload_bytes: int) -> _Row:
     """Validate one event and serialize it, or raise UserError naming the problem."""
-    destination_id = validate_identifier(event.destination_id, "destination_id")
+    if isinstance(event, FanOutEvent):
+        event_id = validate_identifier(event.event_id, "event_id")
+        destination_id = None
+    else:
+        event_id = None
+        destination_id = validate_identifier(event.destination_id, "destination_id")
     asset_id = _text_field(event.asset_id, "asset_id", MAX_ASSET_ID_CHARS)
     event_type = _text_field(event.event_type, "event_type", MAX_EVENT_TYPE_CHARS)
     payload_json = _payload_json(event.payload)
@@ -237,11 +288,15 @@ def _prepare(event: Event, max_payload_bytes: int) -> _Row:
         raise UserError(
             f"payload is {payload_size} bytes serialized; at most {max_payload_bytes} are allowed"
         )
-    if event.delivery_id is None:
+    if event_id is not None:
+        delivery_id = _EVENT_KEY + event_id
+    elif event.delivery_id is None:
         delivery_id = _derived_id(destination_id, event_type, asset_id, payload_json)
     else:
         delivery_id = validate_identifier(event.delivery_id, "delivery_id")
-    return _Row(delivery_id, destination_id, asset_id, event_type, payload_json, head, tail)
+    return _Row(
+        delivery_id, destination_id, event_id, asset_id, event_type, payload_json, head, tail
+    )
 
 
 def _unknown_destination(destination_id: str) -> UserError:
@@ -257,6 +312,8 @@ def emit(
 
     Re-emitting a delivery_id that is already recorded writes nothing: ``inserted`` is False.
     """
+    if isinstance(event, FanOutEvent):
+        raise TypeError("emit records one destination's delivery: use emit_event for fan-out")
     row = _prepare(event, max_payload_bytes)
     with conn.cursor(row_factory=dict_row) as cur:
         result = cur.execute(query("emit_one"), row._asdict()).fetchone()
@@ -265,9 +322,41 @@ def emit(
     return EmitResult(delivery_id=row.delivery_id, inserted=result["inserted"])
 
 
+def emit_event(
+    conn: psycopg.Connection, event: FanOutEvent, *, max_payload_bytes: int = MAX_PAYLOAD_BYTES
+) -> FanOutResult:
+    """Record one event and its deliveries to every subscribed destination, enabled or disabled,
+    in one statement in the caller's transaction (see the module's docstring).
+
+    An event_id already recorded writes nothing (``recorded`` False); an event that matches no
+    destination is recorded with none (``destination_ids`` empty), so a typo shows. The same
+    event_id given for a different type or asset is refused (UserError).
+    """
+    row = _prepare(event, max_payload_bytes)
+    with conn.cursor(row_factory=dict_row) as cur:
+        result = cur.execute(query("emit_event_one"), row._asdict()).fetchone()
+    stored = (result["stored_event_type"], result["stored_asset_id"])
+    # (A stored event is unseen only when a concurrent emit of it committed meanwhile.)
+    if (
+        not result["recorded"]
+        and stored[0] is not None
+        and stored != (row.event_type, row.asset_id)
+    ):
+        raise UserError(
+            f"event_id {row.event_id!r} is already recorded for a different event "
+            f"({stored[0]!r} for asset {stored[1]!r}): a new event needs a new event_id"
+        )
+    return FanOutResult(
+        event_id=event.event_id,
+        recorded=result["recorded"],
+        destination_ids=tuple(result["destination_ids"] or ()),
+        inserted=result["inserted"],
+    )
+
+
 def _emit_numbered(
     conn: psycopg.Connection,
-    numbered: Iterable[tuple[int, Event]],
+    numbered: Iterable[tuple[int, Event | FanOutEvent]],
     unit: str,
     max_payload_bytes: int,
 ) -> EmitCounts:
@@ -294,7 +383,8 @@ def _emit_numbered(
                 raise UserError(f"{unit} {unknown['ordinal']}: {error}")
             counts = _insert_staged(cur)
             cur.execute(query("emit_staging_clear"))
-    return EmitCounts(inserted=counts["inserted"], already_present=counts["already_present"])
+    counts["unmatched_sample"] = tuple(counts["unmatched_sample"])
+    return EmitCounts(**counts)
 
 
 def _refuse_conflicting_duplicate(cur: psycopg.Cursor, unit: str) -> None:
@@ -302,10 +392,12 @@ def _refuse_conflicting_duplicate(cur: psycopg.Cursor, unit: str) -> None:
     a retried line, and fine)."""
     found = cur.execute(query("emit_staging_conflicting_duplicate")).fetchone()
     if found is not None:
+        key = found["delivery_id"]
+        name = "event_id" if key.startswith(_EVENT_KEY) else "delivery_id"
         raise UserError(
-            f"{unit} {found['ordinal']}: delivery_id {found['delivery_id']!r} is already used by "
-            f"{unit} {found['first_ordinal']} for a different event (one delivery_id, one "
-            "event: a changed event needs a new delivery_id)"
+            f"{unit} {found['ordinal']}: {name} {key.removeprefix(_EVENT_KEY)!r} is already used "
+            f"by {unit} {found['first_ordinal']} for a different event (one {name}, one "
+            f"event: a changed event needs a new {name})"
         )
 
 
@@ -323,7 +415,9 @@ def _insert_staged(cur: psycopg.Cursor) -> dict[str, int]:
             attempt += 1
 
 
-def _prepare_numbered(event: Event, number: int, unit: str, max_payload_bytes: int) -> _Row:
+def _prepare_numbered(
+    event: Event | FanOutEvent, number: int, unit: str, max_payload_bytes: int
+) -> _Row:
     try:
         return _prepare(event, max_payload_bytes)
     except UserError as exc:
@@ -332,7 +426,7 @@ def _prepare_numbered(event: Event, number: int, unit: str, max_payload_bytes: i
 
 def emit_many(
     conn: psycopg.Connection,
-    events: Iterable[Event],
+    events: Iterable[Event | FanOutEvent],
     *,
     max_payload_bytes: int = MAX_PAYLOAD_BYTES,
 ) -> EmitCounts:
@@ -340,7 +434,9 @@ def emit_many(
 
     ``events`` is streamed (COPY into a temporary staging table), then one INSERT records the
     new ones. A delivery_id that appears twice counts once; one already recorded is counted in
-    ``already_present``. A bad event raises UserError naming its position (1-based).
+    ``already_present``. A FanOutEvent records the event and one delivery per subscribed
+    destination, as ``emit_event`` does; an event_id already recorded counts in
+    ``events_already_present``. A bad event raises UserError naming its position (1-based).
     """
     return _emit_numbered(conn, enumerate(events, start=1), "event", max_payload_bytes)
 
@@ -354,9 +450,11 @@ def _line_text(line: str | bytes, number: int) -> str:
         raise UserError(f"line {number}: not UTF-8 text") from None
 
 
-def _event_from_object(value: object) -> Event:
+def _event_from_object(value: object) -> Event | FanOutEvent:
     if not isinstance(value, dict):
         raise UserError(f"expected a JSON object, got {_json_type(value)}")
+    if "event_id" in value:
+        return _fan_out_from_object(value)
     unknown = sorted(set(value) - set(EVENT_FIELDS))
     if unknown:
         raise UserError(f"unknown field {unknown[0]!r} (fields: {', '.join(EVENT_FIELDS)})")
@@ -364,6 +462,19 @@ def _event_from_object(value: object) -> Event:
     if missing:
         raise UserError(f"missing field {missing[0]!r}")
     return Event(**value)
+
+
+def _fan_out_from_object(value: dict) -> FanOutEvent:
+    unknown = sorted(set(value) - set(FAN_OUT_FIELDS))
+    if unknown:
+        raise UserError(
+            f"field {unknown[0]!r} does not go with event_id (an event line has "
+            f"{', '.join(FAN_OUT_FIELDS)}: it goes to every subscribed destination)"
+        )
+    missing = [name for name in FAN_OUT_FIELDS if name not in value]
+    if missing:
+        raise UserError(f"missing field {missing[0]!r}")
+    return FanOutEvent(**value)
 
 
 def bounded_lines(stream: BinaryIO, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[bytes]:
@@ -385,7 +496,7 @@ def bounded_lines(stream: BinaryIO, max_line_bytes: int = MAX_LINE_BYTES) -> Ite
         yield line
 
 
-def parse_jsonl(lines: Iterable[str | bytes]) -> Iterator[tuple[int, Event]]:
+def parse_jsonl(lines: Iterable[str | bytes]) -> Iterator[tuple[int, Event | FanOutEvent]]:
     """(line number, event) for each non-blank line of a JSON-lines file, streamed."""
     for number, raw in enumerate(lines, start=1):
         if len(raw) > MAX_LINE_BYTES:
@@ -409,7 +520,7 @@ def emit_jsonl(
     """``emit_many`` over a JSON-lines file (``media-hooks emit --file``); errors name the line.
 
     Each line is an object with destination_id, asset_id, event_type, payload and optionally
-    delivery_id. Pass a file opened in binary mode to have decoding errors name their line; it is
+    delivery_id; or, to fan out, with event_id, asset_id, event_type and payload. Pass a file opened in binary mode to have decoding errors name their line; it is
     read in lines of at most MAX_LINE_BYTES (``bounded_lines``).
     """
     if hasattr(lines, "readline"):

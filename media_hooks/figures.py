@@ -17,6 +17,21 @@ from media_hooks.cohort import Cohort
 from media_hooks.sqlfiles import query
 
 STATES = ("pending", "enqueued", "leased", "succeeded", "dead")
+# Dead deliveries closed unsent count under their reason, not as dead (issue 14).
+CLOSED = ("superseded", "discarded")
+COUNTED = STATES + CLOSED
+GROUPINGS = {"destination": "figures_counts_by_state", "event-type": "figures_counts_by_event_type"}
+DEAD_HEADS_SHOWN = 20
+
+
+@dataclass(frozen=True)
+class DeadHead:
+    """A dead delivery holding the later deliveries of its asset on an ordered destination."""
+
+    delivery_id: str
+    destination_id: str
+    asset_id: str
+    holding: int
 
 
 @dataclass(frozen=True)
@@ -34,7 +49,8 @@ class DestinationFlag:
 @dataclass(frozen=True)
 class Figures:
     measured_at: datetime
-    # destination_id -> state -> count (only states that have rows)
+    # destination_id (or event type, counts_by) -> state -> count (only states that have rows);
+    # a dead delivery closed unsent counts under superseded or discarded.
     counts: dict[str, dict[str, int]]
     # Due now and sendable (destination enabled, not paused); None when nothing is.
     oldest_due_age_seconds: float | None
@@ -50,11 +66,13 @@ class Figures:
     disabled: tuple[DestinationFlag, ...] = ()
     attempts_last_hour: dict[str, int] = field(default_factory=dict)
     attempts_last_day: dict[str, int] = field(default_factory=dict)
+    dead_heads: tuple[DeadHead, ...] = ()
+    counts_by: str = "destination"
 
     @property
     def totals(self) -> dict[str, int]:
         """Deliveries per state over every destination (every state present, zeros included)."""
-        totals = dict.fromkeys(STATES, 0)
+        totals = dict.fromkeys(COUNTED, 0)
         for by_state in self.counts.values():
             for state, n in by_state.items():
                 totals[state] = totals.get(state, 0) + n
@@ -117,10 +135,17 @@ def _seconds_since(measured_at: datetime, then: datetime | None) -> float | None
     return max(0.0, (measured_at - then).total_seconds())
 
 
-def _counts(conn: psycopg.Connection) -> dict[str, dict[str, int]]:
+def _counts(conn: psycopg.Connection, by: str) -> dict[str, dict[str, int]]:
     counts: dict[str, dict[str, int]] = {}
-    for row in conn.execute(query("figures_counts_by_state")):
-        counts.setdefault(row["destination_id"], {})[row["state"]] = row["n"]
+    for row in conn.execute(query(GROUPINGS[by])):
+        counts.setdefault(row["key"], {})[row["state"]] = row["n"]
+    if by == "destination":
+        for row in conn.execute(query("figures_closed_counts")):
+            by_state = counts[row["key"]]
+            by_state[row["state"]] = row["n"]
+            by_state["dead"] -= row["n"]
+            if not by_state["dead"]:
+                del by_state["dead"]
     return counts
 
 
@@ -139,15 +164,18 @@ def _attempts(conn: psycopg.Connection, now: datetime | None):
     return hour, day
 
 
-def measure(conn: psycopg.Connection, *, now: datetime | None = None) -> Figures:
-    """Every figure at one instant (``now``, or the database server's clock)."""
+def measure(
+    conn: psycopg.Connection, *, now: datetime | None = None, by: str = "destination"
+) -> Figures:
+    """Every figure at one instant (``now``, or the database server's clock); counts grouped
+    ``by`` destination or event-type."""
     scalars = conn.execute(query("figures_scalars"), {"now": now}).fetchone()
     at = scalars["measured_at"]
     paused, disabled = _flags(conn, now, at)
     hour, day = _attempts(conn, now)
     return Figures(
         measured_at=at,
-        counts=_counts(conn),
+        counts=_counts(conn, by),
         oldest_due_age_seconds=_seconds_since(at, scalars["oldest_due_at"]),
         oldest_due_at=scalars["oldest_due_at"],
         oldest_due_any_age_seconds=_seconds_since(at, scalars["oldest_due_any_at"]),
@@ -160,6 +188,11 @@ def measure(conn: psycopg.Connection, *, now: datetime | None = None) -> Figures
         disabled=disabled,
         attempts_last_hour=hour,
         attempts_last_day=day,
+        dead_heads=tuple(
+            DeadHead(**row)
+            for row in conn.execute(query("figures_dead_heads"), {"limit": DEAD_HEADS_SHOWN})
+        ),
+        counts_by=by,
     )
 
 

@@ -82,9 +82,10 @@ class StoryEvent:
 
 @dataclass(frozen=True)
 class Verdict:
-    """Where the delivery stands now. ``kind`` is one of: succeeded, dead, waiting (by policy:
-    backoff, Retry-After, a paused or disabled destination), due (waiting for a run), leased,
-    lease_expired, enqueued."""
+    """Where the delivery stands now. ``kind`` is one of: succeeded, dead, superseded and
+    discarded (dead, closed unsent), held (behind an earlier delivery of its asset on an ordered
+    destination), waiting (by policy: backoff, Retry-After, a paused or disabled destination),
+    due (waiting for a run), leased, lease_expired, enqueued."""
 
     kind: str
     text: str
@@ -269,7 +270,26 @@ def _succeeded(row: dict[str, Any], attempts: list[dict]) -> Verdict:
     return Verdict("succeeded", f"succeeded at {format_time(at)} after {n} attempt(s)")
 
 
+def _closed(row: dict[str, Any]) -> Verdict:
+    """A dead delivery closed without being sent: superseded, or discarded by an operator."""
+    since = format_time(row["updated_at"])
+    if row["closed_reason"] == "superseded":
+        return Verdict(
+            "superseded",
+            f"superseded by {row['closed_by']} (a newer {row['event_type']} for asset "
+            f"{row['asset_id']}; destination {row['destination_id']} sends only the latest), "
+            f"closed unsent at {since}",
+        )
+    return Verdict(
+        "discarded",
+        f"discarded at {since}: {_excerpt(row['last_error']) or 'no reason given'}; it is not "
+        "sent, and it no longer holds the asset's later deliveries",
+    )
+
+
 def _dead(row: dict[str, Any]) -> Verdict:
+    if row.get("closed_reason"):
+        return _closed(row)
     error = _excerpt(row["last_error"])
     if row["wait_reason"]:
         reason = row["wait_reason"].removeprefix("dead: ")
@@ -301,7 +321,34 @@ def _destination_hold(row: dict[str, Any]) -> str | None:
     return None
 
 
+def _rule_hold(row: dict[str, Any]) -> Verdict | None:
+    """Why the destination's per-asset rules keep this pending delivery from being claimed."""
+    if row.get("newer_id"):
+        return Verdict(
+            "superseded",
+            f"to be superseded by {row['newer_id']} (a newer {row['event_type']} for asset "
+            f"{row['asset_id']}): the next run closes it unsent",
+        )
+    if row.get("held_by"):
+        if row["held_by_state"] == "dead":
+            return Verdict(
+                "held",
+                f"held behind dead delivery {row['held_by']} (destination "
+                f"{row['destination_id']} sends asset {row['asset_id']} in order): requeue it "
+                "(`media-hooks requeue`) or discard it (`media-hooks discard`) to let this go",
+            )
+        return Verdict(
+            "held",
+            f"held behind {row['held_by']} ({row['held_by_state']}), the earlier delivery of "
+            f"asset {row['asset_id']}: it goes once that one is succeeded or closed",
+        )
+    return None
+
+
 def _pending(row: dict[str, Any]) -> Verdict:
+    rule = _rule_hold(row)
+    if rule is not None:
+        return rule
     now = row["measured_at"]
     due_at = row["next_attempt_at"]
     hold = _destination_hold(row)
@@ -347,3 +394,51 @@ def _leased(row: dict[str, Any], run_id: str) -> Verdict:
         f"leased by run {run_id} until {format_time(until)} "
         f"({relative(until, row['measured_at'])}): an attempt is in flight",
     )
+
+
+# -- events --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EventStory:
+    """An event emitted without a destination, and each of its deliveries' stories."""
+
+    event: dict[str, Any]
+    deliveries: tuple[Story, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return _iso(
+            {
+                "event": self.event,
+                "deliveries": [
+                    {
+                        "delivery_id": s.delivery["delivery_id"],
+                        "destination_id": s.delivery["destination_id"],
+                        "state": s.delivery["state"],
+                        "verdict": {"kind": s.verdict.kind, "text": s.verdict.text},
+                    }
+                    for s in self.deliveries
+                ],
+            }
+        )
+
+
+def find_event(conn: psycopg.Connection, event_id: str) -> dict[str, Any] | None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query("inspection_event"), {"event_id": event_id}).fetchone()
+
+
+def inspect_event(conn: psycopg.Connection, event_id: str) -> EventStory:
+    """The event and its deliveries with their verdicts; UserError when there is no such
+    event. A delivery retention purged is left out (its tombstone keeps its id)."""
+    validate_identifier(event_id, "event id")
+    event = find_event(conn, event_id)
+    if event is None:
+        raise UserError(f"no event {event_id!r}")
+    stories = []
+    for delivery_id in event["delivery_ids"]:
+        try:
+            stories.append(inspect_delivery(conn, delivery_id))
+        except UserError:
+            continue
+    return EventStory(event=event, deliveries=tuple(stories))

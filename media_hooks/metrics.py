@@ -43,7 +43,7 @@ def figure_metrics(measured: figures.Figures, destinations: list[dict[str, Any]]
     dead = _gauge("dead_letters", "Deliveries now dead, per destination.", ("destination_id",))
     for name in names:
         by_state = measured.counts.get(name, {})
-        for state in figures.STATES:
+        for state in figures.COUNTED:
             deliveries.add_metric([name, state], by_state.get(state, 0))
         dead.add_metric([name], by_state.get("dead", 0))
 

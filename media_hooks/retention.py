@@ -49,6 +49,7 @@ class RetentionFigures:
     attempts: int = 0
     tombstones_written: int = 0
     tombstones_expired: int = 0
+    events_expired: int = 0
     batches: int = 0
     # True when max_batches stopped the purge with work left.
     truncated: bool = False
@@ -96,39 +97,50 @@ def purge_terminal(
     return RetentionFigures(**totals, batches=batches, truncated=True)
 
 
-def expire_tombstones(
-    conn: psycopg.Connection, cutoff: datetime, *, batch_size: int, max_batches: int
+def _expire(
+    conn: psycopg.Connection, name: str, cutoff: datetime, *, batch_size: int, max_batches: int
 ) -> int:
-    """Forget purged delivery ids whose event was created before ``cutoff``."""
     expired = 0
+    params = {"cutoff": cutoff, "batch_size": batch_size}
     for _ in range(max_batches):
-        n = db.retrying(
-            "expire tombstones",
-            lambda: (
-                conn.execute(
-                    query("expire_tombstones_batch"), {"cutoff": cutoff, "batch_size": batch_size}
-                ).rowcount
-            ),
-        )
+        n = db.retrying(name, lambda: conn.execute(query(name), params).rowcount)
         expired += n
         if n < batch_size:
             break
     return expired
 
 
+def expire_tombstones(
+    conn: psycopg.Connection, cutoff: datetime, *, batch_size: int, max_batches: int
+) -> int:
+    """Forget purged delivery ids whose event was created before ``cutoff``."""
+    return _expire(
+        conn, "expire_tombstones_batch", cutoff, batch_size=batch_size, max_batches=max_batches
+    )
+
+
+def expire_events(
+    conn: psycopg.Connection, cutoff: datetime, *, batch_size: int, max_batches: int
+) -> int:
+    """Forget events (emitted without a destination) recorded before ``cutoff``."""
+    return _expire(
+        conn, "expire_events_batch", cutoff, batch_size=batch_size, max_batches=max_batches
+    )
+
+
 def run_retention(
     conn: psycopg.Connection, policy: RetentionPolicy, *, now: datetime | None = None
 ) -> RetentionFigures:
-    """One retention pass: purge terminal deliveries, then expire old tombstones."""
+    """One retention pass: purge terminal deliveries, then expire old tombstones and events."""
     purge_cutoff, tombstone_cutoff = _cutoffs(conn, policy, now)
     purged = purge_terminal(
         conn, purge_cutoff, batch_size=policy.batch_size, max_batches=policy.max_batches
     )
-    expired = expire_tombstones(
-        conn, tombstone_cutoff, batch_size=policy.batch_size, max_batches=policy.max_batches
-    )
+    bounds = {"batch_size": policy.batch_size, "max_batches": policy.max_batches}
+    expired = expire_tombstones(conn, tombstone_cutoff, **bounds)
+    events = expire_events(conn, tombstone_cutoff, **bounds)
     return RetentionFigures(
-        **{**purged.as_dict(), "tombstones_expired": expired},
+        **{**purged.as_dict(), "tombstones_expired": expired, "events_expired": events},
     )
 
 

@@ -8,6 +8,7 @@ lock or a timeout is retried (media_hooks.db.retrying).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -24,6 +25,8 @@ class SweepFigures:
     expired_leases: int
     stale_enqueues: int
     breaker_disabled: int
+    superseded: int = 0
+    parked: int = 0
 
 
 def _moved(conn: psycopg.Connection, name: str, params: dict[str, Any]) -> int:
@@ -45,6 +48,34 @@ def sweep_expired_leases(conn: psycopg.Connection) -> int:
 
 def sweep_stale_enqueues(conn: psycopg.Connection, timeout_seconds: float) -> int:
     return _repeat(conn, "sweep_stale_enqueues", {"timeout_seconds": timeout_seconds})
+
+
+def sweep_park_held(conn: psycopg.Connection) -> int:
+    """Park the due deliveries of ordered destinations that wait behind an earlier delivery of
+    their asset, so that claims stop passing over them; pages in asset-queue order."""
+    parked = 0
+    after: dict[str, Any] = {
+        "after_destination": "",
+        "after_asset": "",
+        "after_created_at": datetime.min.replace(tzinfo=UTC),
+        "after_emit_seq": -1,
+    }
+    while True:
+        params = {**after, "limit_rows": SWEEP_PAGE}
+        row = db.retrying(
+            "sweep_park_held",
+            lambda p=params: conn.execute(query("sweep_park_held"), p).fetchone(),
+        )
+        parked += row["moved"]
+        if row["scanned"] < SWEEP_PAGE or row["after_emit_seq"] is None:
+            return parked
+        after = {key: row[key] for key in after}
+
+
+def sweep_superseded(conn: psycopg.Connection) -> int:
+    """Close the pending deliveries that a newer one of their asset and type supersedes, on
+    destinations that coalesce by asset (``destination add --coalesce asset``)."""
+    return _repeat(conn, "sweep_superseded", {})
 
 
 def release_run(conn: psycopg.Connection, run_id: str) -> int:
@@ -71,4 +102,6 @@ def run_sweeps(conn: psycopg.Connection, settings: Settings) -> SweepFigures:
         expired_leases=sweep_expired_leases(conn),
         stale_enqueues=sweep_stale_enqueues(conn, settings.enqueue_timeout_seconds),
         breaker_disabled=len(trip_circuit_breakers(conn, settings)),
+        superseded=sweep_superseded(conn),
+        parked=sweep_park_held(conn),
     )

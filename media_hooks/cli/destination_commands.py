@@ -96,6 +96,26 @@ def _register_add(sub: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="longest retry delay (default 28800)",
     )
+    add.add_argument(
+        "--event-type",
+        action="append",
+        dest="event_types",
+        metavar="T",
+        help="subscribe to an event type: an exact name or `prefix.*`; repeatable; replaces the "
+        "list; '*' (or never subscribing) means every type",
+    )
+    add.add_argument(
+        "--ordering",
+        choices=destinations.SCOPES,
+        help="asset: send an asset's deliveries strictly in emission order (default none)",
+    )
+    add.add_argument(
+        "--coalesce",
+        choices=destinations.SCOPES,
+        dest="coalescing",
+        help="asset: close an asset's older unsent deliveries of a type as superseded when a "
+        "newer one exists (default none)",
+    )
     add.add_argument("--json", action="store_true", help="print one JSON document")
     add.set_defaults(handler=run_add)
 
@@ -112,6 +132,9 @@ def _spec(args: argparse.Namespace) -> destinations.DestinationSpec:
         max_attempts=args.max_attempts,
         backoff_base_seconds=args.backoff_base_seconds,
         backoff_cap_seconds=args.backoff_cap_seconds,
+        event_types=None if args.event_types is None else tuple(args.event_types),
+        ordering=args.ordering,
+        coalescing=args.coalescing,
     )
 
 
@@ -144,6 +167,15 @@ def _state(row: dict[str, Any]) -> str:
     return "enabled"
 
 
+def _per_asset(row: dict[str, Any]) -> str:
+    rules = []
+    if row["ordering"] == "asset":
+        rules.append("ordered")
+    if row["coalescing"] == "asset":
+        rules.append("latest wins")
+    return ", ".join(rules) or "-"
+
+
 def _number(value: float) -> str:
     return f"{value:g}"
 
@@ -157,7 +189,8 @@ def run_list(args: argparse.Namespace) -> int:
     if not rows:
         print("no destinations (add one with `media-hooks destination add`)")
         return 0
-    headers = ["id", "url", "rate/burst", "in-flight", "timeout", "attempts", "secrets", "state"]
+    headers = ["id", "url", "rate/burst", "in-flight", "timeout", "attempts", "secrets"]
+    headers += ["event types", "per asset", "state"]
     print(
         table(
             headers,
@@ -170,6 +203,8 @@ def run_list(args: argparse.Namespace) -> int:
                     f"{_number(r['timeout_seconds'])} s",
                     r["max_attempts"],
                     r["secret_count"],
+                    ", ".join(r["event_types"]) or "every type",
+                    _per_asset(r),
                     _state(r),
                 ]
                 for r in rows

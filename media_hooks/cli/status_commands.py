@@ -15,6 +15,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "status",
         help="counts by state and destination, oldest due age, relay lag, leases, dead letters",
     )
+    parser.add_argument(
+        "--by",
+        choices=tuple(figures.GROUPINGS),
+        default="destination",
+        help="group the counts by destination (default) or by event type",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document (seconds)")
     parser.set_defaults(handler=run_status)
 
@@ -33,12 +39,29 @@ def _headline(f: figures.Figures) -> list[list[str]]:
 
 def _counts(f: figures.Figures) -> str:
     rows = [
-        [destination, *(by_state.get(s, 0) for s in figures.STATES), sum(by_state.values())]
-        for destination, by_state in sorted(f.counts.items())
+        [key, *(by_state.get(s, 0) for s in figures.COUNTED), sum(by_state.values())]
+        for key, by_state in sorted(f.counts.items())
     ]
     totals = f.totals
-    rows.append(["total", *(totals[s] for s in figures.STATES), sum(totals.values())])
-    return table(["destination", *figures.STATES, "all"], rows)
+    rows.append(["total", *(totals[s] for s in figures.COUNTED), sum(totals.values())])
+    heading = "event type" if f.counts_by == "event-type" else "destination"
+    return table([heading, *figures.COUNTED, "all"], rows)
+
+
+def _dead_heads(f: figures.Figures) -> list[str]:
+    if not f.dead_heads:
+        return []
+    rows = [
+        [
+            h.destination_id,
+            h.asset_id,
+            f"held behind dead delivery {h.delivery_id}",
+            h.holding,
+        ]
+        for h in f.dead_heads
+    ]
+    note = "(requeue or discard the dead delivery to let the asset's later deliveries go)"
+    return [table(["destination", "asset", "ordered queue", "held"], rows) + "\n" + note]
 
 
 def _flags(f: figures.Figures) -> str:
@@ -68,6 +91,7 @@ def render(f: figures.Figures) -> str:
             f"measured at {format_time(f.measured_at)}\n"
             + table(["figure", "value"], _headline(f)),
             _counts(f),
+            *_dead_heads(f),
             _flags(f),
             _attempts(f),
         ]
@@ -77,7 +101,7 @@ def render(f: figures.Figures) -> str:
 def run_status(args: argparse.Namespace) -> int:
     url = db.ready_url(Settings.from_env())
     with db.connect(url, autocommit=True) as conn:
-        measured = figures.measure(conn)
+        measured = figures.measure(conn, by=args.by)
     if args.json:
         print_json(measured.as_dict())
     else:

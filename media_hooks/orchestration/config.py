@@ -94,6 +94,14 @@ class RequeueConfig(CohortConfig):
     dry_run: bool = Field(default=True, description="Count and sample only; move nothing.")
 
 
+class DiscardConfig(Config):
+    """Close dead deliveries unsent: an ordered queue's dead head lets its successors go."""
+
+    delivery_ids: list[str] = Field(description="The dead deliveries to discard.")
+    reason: str = Field(description="Why: kept with each delivery.")
+    requested_by: str = Field(default="dagster", description="Who asked.")
+
+
 class RetentionConfig(Config):
     """Purge terminal deliveries past the retention window; keep their ids as tombstones."""
 

@@ -11,7 +11,7 @@ import warnings
 
 from dagster import BetaWarning, Definitions, JobDefinition
 
-from media_hooks.orchestration.jobs import deliver_webhooks, requeue_cohort, retention
+from media_hooks.orchestration.jobs import deliver_webhooks, discard_dead, requeue_cohort, retention
 from media_hooks.orchestration.resources import DeliverySettingsResource, PostgresResource
 from media_hooks.orchestration.schedules import build_daily_schedule
 from media_hooks.orchestration.sensors import build_delivery_lag_sensor, build_run_failure_release
@@ -38,7 +38,7 @@ delivery_lag_sensor = build_delivery_lag_sensor(deliver_webhooks)
 delivery_run_failure_sensor = build_run_failure_release(deliver_webhooks)
 
 defs = Definitions(
-    jobs=[deliver_webhooks, requeue_cohort, retention],
+    jobs=[deliver_webhooks, requeue_cohort, discard_dead, retention],
     schedules=[nightly_delivery, daily_retention],
     sensors=[delivery_lag_sensor, delivery_run_failure_sensor],
     resources={

@@ -38,7 +38,11 @@ from dagster._core.events import EngineEventData
 from media_hooks.orchestration import run_workers
 from media_hooks.orchestration.config import DeliverConfig
 from media_hooks.orchestration.ops.delivery import deliver_shard, prepare, summarize_run
-from media_hooks.orchestration.ops.operator import purge_terminal_deliveries, requeue_deliveries
+from media_hooks.orchestration.ops.operator import (
+    discard_dead_deliveries,
+    purge_terminal_deliveries,
+    requeue_deliveries,
+)
 
 DELIVERY_RUN_TAG = {"media_hooks/kind": "delivery"}
 DELIVERY_EXECUTION = {"config": {"in_process": {}}}
@@ -135,6 +139,14 @@ def deliver_webhooks():
 @job(description="Requeues a cohort (dead letters by default); dry run unless told otherwise.")
 def requeue_cohort():
     requeue_deliveries()
+
+
+@job(
+    description="Discards dead deliveries (closed unsent, no longer dead letters): an ordered "
+    "queue's dead head lets the asset's later deliveries go."
+)
+def discard_dead():
+    discard_dead_deliveries()
 
 
 @job(description="Deletes terminal deliveries past the retention window; keeps tombstones.")

@@ -49,6 +49,7 @@ CASES = {
     "no command": Case([], "required: command"),
     "unknown command": Case(["deliver"], "invalid choice: 'deliver'"),
     "unknown option": Case(["status", "--all"], "unrecognized arguments: --all"),
+    "status: unknown grouping": Case(["status", "--by", "asset"], "invalid choice: 'asset'"),
     # db migrate
     "migrate: lock timeout nan": Case(["db", "migrate", "--lock-timeout", "nan"], "--lock-timeout"),
     "migrate: max wait inf": Case(["db", "migrate", "--max-wait", "inf"], "--max-wait"),
@@ -102,6 +103,12 @@ CASES = {
     "add: timeout absurd": Case([*ADD, "--timeout", "1e308"], "timeout must be a number of seconds at least 0.1 and at most 600"),
     "add: attempts negative": Case([*ADD, "--max-attempts", "-1"], "max attempts must be a whole number at least"),
     "add: backoff nan": Case([*ADD, "--backoff-base", "nan"], "backoff base must be a number of seconds at least 0.1 and at most 86400, got nan"),
+    "add: star inside a type": Case([*ADD, "--event-type", "rights*.x"], "'*' may only end a pattern"),
+    "add: bare prefix star": Case([*ADD, "--event-type", ".*"], "'*' may only end a pattern"),
+    "add: space in a type": Case([*ADD, "--event-type", "rights updated"], "whitespace"),
+    "add: every type and more": Case([*ADD, "--event-type", "*", "--event-type", "a.b"], "cannot be combined"),
+    "add: unknown ordering": Case([*ADD, "--ordering", "global"], "invalid choice: 'global'"),
+    "add: unknown coalesce": Case([*ADD, "--coalesce", "event"], "invalid choice: 'event'"),
     "add: cap below base": Case([*ADD, "--backoff-base", "9", "--backoff-cap", "3"], "backoff cap"),
     "add: bad secret key": Case(
         [*ADD, "--secret", SECRET], "MEDIA_HOOKS_SECRET_KEY: key 1 of 1 is not a Fernet key",
@@ -138,6 +145,25 @@ CASES = {
         ["emit", "--destination", "pub", "--asset-id", "a", "--event-type", "t" * 300, "--payload", "{}"],
         "event_type is 300 characters long",
     ),
+    "emit: event id and destination": Case(
+        [*EMIT, "--payload", "{}", "--event-id", "e1"], "--event-id goes to every subscribed destination"
+    ),
+    "emit: event missing fields": Case(["emit", "--event-id", "e1", "--asset-id", "a"], "emit needs --event-type, --payload"),
+    "emit: dotted event id": Case(
+        ["emit", "--event-id", "e.1", "--asset-id", "a", "--event-type", "t", "--payload", "{}"], "'.'"
+    ),
+    "emit: event line with destination": Case(
+        ["emit", "--file", "{file}"], "line 1: field 'destination_id' does not go with event_id",
+        file=b'{"event_id": "e1", "destination_id": "pub", "asset_id": "a", "event_type": "t", "payload": {}}\n',
+    ),
+    "emit: event reused in a file": Case(
+        ["emit", "--file", "{file}"], "line 2: event_id 'e1' is already used by line 1",
+        file=b'{"event_id": "e1", "asset_id": "a", "event_type": "t", "payload": {}}\n'
+        b'{"event_id": "e1", "asset_id": "b", "event_type": "t", "payload": {}}\n',
+    ),
+    "discard: no reason": Case(["discard", "d-1", "--reason", " "], "needs a reason"),
+    "discard: dotted id": Case(["discard", "d.1", "--reason", "obsolete"], "'.'"),
+    "discard: unknown delivery": Case(["discard", "nope", "--reason", "obsolete"], "no delivery 'nope'"),
     "emit: no such file": Case(["emit", "--file", "/nonexistent/events.jsonl"], "cannot read"),
     "emit: a folder": Case(["emit", "--file", "/tmp"], "cannot read /tmp"),
     "emit: empty file": Case(["emit", "--file", "{file}"], "is empty", file=b""),

@@ -190,3 +190,39 @@ def test_empty_list(cli_env):
     assert json.loads(run_cli("destination", "list", "--json", env=cli_env).stdout) == {
         "destinations": []
     }
+
+
+def _listed(cli_env) -> dict[str, dict]:
+    done = run_cli("destination", "list", "--json", env=cli_env)
+    assert done.returncode == 0, done.stderr
+    return {d["destination_id"]: d for d in json.loads(done.stdout)["destinations"]}
+
+
+def test_subscriptions_and_per_asset_rules_are_set_listed_and_kept(cli_env):
+    """Issue 14: --event-type (repeatable: exact names and `prefix.*`) replaces the list, '*'
+    goes back to every type; --ordering and --coalesce are kept when not given."""
+    created = run_cli(
+        "destination", "add", "pub", "--url", "https://p.example/",
+        "--event-type", "transcode.completed", "--event-type", "rights.*",
+        "--event-type", "rights.*", "--ordering", "asset", "--coalesce", "asset", env=cli_env,
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    pub = _listed(cli_env)["pub"]
+    assert pub["event_types"] == ["rights.*", "transcode.completed"]
+    assert (pub["ordering"], pub["coalescing"]) == ("asset", "asset")
+    text = run_cli("destination", "list", env=cli_env).stdout
+    assert "rights.*, transcode.completed" in text and "ordered, latest wins" in text
+
+    run_cli("destination", "add", "pub", "--url", "https://p.example/", "--burst", "2", env=cli_env)
+    assert _listed(cli_env)["pub"]["event_types"] == ["rights.*", "transcode.completed"]
+    run_cli(
+        "destination", "add", "pub", "--url", "https://p.example/", "--event-type", "a.b",
+        "--ordering", "none", env=cli_env,
+    )  # fmt: skip
+    pub = _listed(cli_env)["pub"]
+    assert (pub["event_types"], pub["ordering"], pub["coalescing"]) == (["a.b"], "none", "asset")
+    run_cli(
+        "destination", "add", "pub", "--url", "https://p.example/", "--event-type", "*", env=cli_env
+    )
+    assert _listed(cli_env)["pub"]["event_types"] == []
+    assert "every type" in run_cli("destination", "list", env=cli_env).stdout

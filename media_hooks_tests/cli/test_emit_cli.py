@@ -57,6 +57,12 @@ def _assert_one_clear_line(done, *, contains: str) -> None:
 
 
 SINGLE = ["--destination", "pub", "--asset-id", "a1", "--event-type", "transcode.completed"]
+NO_EVENTS = {
+    "events_recorded": 0,
+    "events_already_present": 0,
+    "events_unmatched": 0,
+    "unmatched_sample": [],
+}
 
 
 def test_emit_twice_records_once(env, database_url):
@@ -109,7 +115,7 @@ def test_bulk_file_counts_inserted_and_already_present(env, database_url, tmp_pa
 
     again = run_cli("emit", "--file", path, "--json", env=env)
     assert again.returncode == 0, again.stderr
-    assert json.loads(again.stdout) == {"inserted": 0, "already_present": 3}
+    assert json.loads(again.stdout) == {"inserted": 0, "already_present": 3, **NO_EVENTS}
     assert _count(database_url) == 3
 
 
@@ -203,7 +209,7 @@ def test_a_conflicting_duplicate_in_a_file_names_both_lines(env, database_url, t
     identical = [_line(1, delivery_id="k"), _line(2), _line(1, delivery_id="k")]
     again = run_cli("emit", "--file", _file(tmp_path, identical, "ok.jsonl"), "--json", env=env)
     assert again.returncode == 0, again.stderr
-    assert json.loads(again.stdout) == {"inserted": 2, "already_present": 0}
+    assert json.loads(again.stdout) == {"inserted": 2, "already_present": 0, **NO_EVENTS}
 
 
 def _run_measured(args: list[str], env: dict[str, str], tmp_path: Path) -> tuple[int, str, int]:
@@ -284,3 +290,37 @@ def test_a_connection_killed_mid_copy_is_one_line_and_exit_1(env, database_url, 
         assert "run the same command again" in lines[0]
         assert out == ""
         assert content_fingerprint(watcher) == before
+
+
+def test_emit_an_event_without_a_destination_fans_out_and_says_when_nothing_matched(env):
+    """Issue 14: --event-id instead of --destination; exit 0 and "matched no destination" for
+    an event no subscription matches (a typo shows)."""
+    added = run_cli(
+        "destination", "add", "pub", "--url", "https://p.example/", "--event-type", "rights.*",
+        env=env,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    event = ["--asset-id", "a1", "--payload", '{"revision": 1}']
+    typo = run_cli("emit", "--event-id", "e0", "--event-type", "right.updated", *event, env=env)
+    assert typo.returncode == 0, typo.stderr
+    assert "matched no destination" in typo.stdout
+
+    done = run_cli(
+        "emit", "--event-id", "e1", "--event-type", "rights.updated", *event, "--json", env=env
+    )
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    assert (document["recorded"], document["destinations"], document["inserted"]) == (
+        True,
+        ["pub"],
+        1,
+    )
+    again = run_cli("emit", "--event-id", "e1", "--event-type", "rights.updated", *event, env=env)
+    assert again.stdout.strip() == "already present event e1 (nothing recorded)"
+    inspected = run_cli("inspect", "e1", env=env)
+    assert inspected.returncode == 0, inspected.stderr
+    assert "event e1: rights.updated for asset a1" in inspected.stdout
+    assert "due now, waiting for a run" in inspected.stdout
+    by_type = run_cli("status", "--by", "event-type", env=env)
+    assert by_type.returncode == 0, by_type.stderr
+    assert "rights.updated" in by_type.stdout and "event type" in by_type.stdout

@@ -41,4 +41,6 @@ def test_inspect_an_unknown_delivery_exits_2_with_one_line(prepared, cli_env):
     result = run_cli("inspect", "no-such-delivery", env=cli_env)
     assert result.returncode == 2
     assert result.stdout == ""
-    assert result.stderr == "media-hooks: no delivery 'no-such-delivery'\n"
+    assert (
+        result.stderr == "media-hooks: no delivery 'no-such-delivery' (and no event by that id)\n"
+    )

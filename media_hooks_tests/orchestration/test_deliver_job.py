@@ -214,3 +214,34 @@ def test_a_failure_to_record_outcomes_fails_the_step_without_a_dagster_retry(
     message = failure.event_log_entry.dagster_event.step_failure_data.error.message
     assert "could not record" in message and "outcomes refused by a test rule" in message
     assert "d-only-1" in message
+
+
+def test_an_infrastructure_fault_in_a_delivery_step_is_retried_by_dagster(
+    instance, database_url, conn, receiver
+):
+    """A fault outside the webhook table's own retries (here the database refuses the first
+    claim) fails the step, and Dagster runs it again; the deliveries go out once."""
+    add_destination(conn, "only", receiver.url + "only")
+    add_deliveries(conn, "only", 2)
+    conn.execute(
+        """
+        CREATE SEQUENCE claims_seen;
+        CREATE FUNCTION refuse_the_first_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            -- nextval survives the rollback the refusal causes: only the first claim fails.
+            IF nextval('claims_seen') = 1 THEN RAISE EXCEPTION 'a passing fault'; END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER refuse_the_first_claim BEFORE INSERT ON dispatch_outbox
+            FOR EACH ROW EXECUTE FUNCTION refuse_the_first_claim();
+        """
+    )
+
+    run = deliver(instance, database_url)
+
+    assert run.success
+    assert receiver.effects == 2 and len(receiver.requests) == 2
+    retries = instance.get_records_for_run(
+        run.run_id, of_type=DagsterEventType.STEP_UP_FOR_RETRY
+    ).records
+    assert [r.event_log_entry.step_key for r in retries] == ["deliver_shard[shard_1_of_1]"]

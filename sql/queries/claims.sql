@@ -7,6 +7,8 @@
 --   a sweep can always find it again), invariant 1 (the message is per dispatch; the receiver's
 --   key stays delivery_id), invariant 7 (one bounded page). SKIP LOCKED lets reconcilers
 --   running at once divide the rows; disabled and paused destinations keep theirs pending.
+--   invariant 10: on an ordered destination only the head of an asset's queue is claimed
+--   (media_hooks_may_claim_v1).
 WITH due AS (
     SELECT d.delivery_id
     FROM webhook_delivery AS d
@@ -20,6 +22,9 @@ WITH due AS (
           WHERE w.destination_id = d.destination_id
             AND w.enabled
             AND (w.paused_until IS NULL OR w.paused_until <= now())
+            -- Per-asset order and latest-wins (migration 0011): true at once elsewhere.
+            AND media_hooks_may_claim_v1(w.ordering, w.coalescing, d.destination_id, d.asset_id,
+                                         d.event_type, d.created_at, d.emit_seq, d.delivery_id)
       )
     ORDER BY d.next_attempt_at, d.delivery_id
     LIMIT %(page_size)s
@@ -114,6 +119,8 @@ ORDER BY w.destination_id;
 --   webhook_delivery_due_by_destination in order (migration 0010): no sort, no scan of other
 --   destinations' rows, whatever the statistics (after plan_by_index, in the same
 --   transaction). A per-row eligibility rule is one more condition in the WHERE of `due`.
+--   invariant 10: on an ordered destination only the head of an asset's queue is claimed
+--   (media_hooks_may_claim_v1).
 WITH due AS (
     SELECT d.delivery_id
     FROM webhook_delivery AS d
@@ -128,6 +135,9 @@ WITH due AS (
           WHERE w.destination_id = d.destination_id
             AND w.enabled
             AND (w.paused_until IS NULL OR w.paused_until <= now())
+            -- Per-asset order and latest-wins (migration 0011): true at once elsewhere.
+            AND media_hooks_may_claim_v1(w.ordering, w.coalescing, d.destination_id, d.asset_id,
+                                         d.event_type, d.created_at, d.emit_seq, d.delivery_id)
       )
     ORDER BY d.next_attempt_at, d.delivery_id
     LIMIT %(page_size)s

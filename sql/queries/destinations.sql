@@ -22,6 +22,8 @@ SET url                  = %(url)s,
     max_attempts         = COALESCE(%(max_attempts)s::integer, max_attempts),
     backoff_base_seconds = COALESCE(%(backoff_base_seconds)s::double precision, backoff_base_seconds),
     backoff_cap_seconds  = COALESCE(%(backoff_cap_seconds)s::double precision, backoff_cap_seconds),
+    ordering             = COALESCE(%(ordering)s::text, ordering),
+    coalescing           = COALESCE(%(coalescing)s::text, coalescing),
     updated_at           = now()
 WHERE destination_id = %(destination_id)s
 RETURNING *;
@@ -51,13 +53,40 @@ SELECT destination_id,
        disabled_at,
        paused_until,
        paused_reason,
+       ARRAY(SELECT s.pattern FROM destination_subscription AS s
+             WHERE s.destination_id = w.destination_id ORDER BY s.pattern) AS event_types,
+       ordering,
+       coalescing,
        CASE
            WHEN NOT enabled THEN 'disabled'
            WHEN paused_until > now() THEN 'paused'
            ELSE 'enabled'
        END AS state
-FROM webhook_destination
+FROM webhook_destination AS w
 ORDER BY destination_id;
+
+-- name: destination_subscribe
+-- description: replaces a destination's subscriptions with the patterns given (none: every
+-- event type). An event already emitted keeps the deliveries it fanned out to.
+WITH dropped AS (
+    DELETE FROM destination_subscription
+    WHERE destination_id = %(destination_id)s AND NOT (pattern = ANY (%(patterns)s::text[]))
+)
+INSERT INTO destination_subscription (destination_id, pattern)
+SELECT %(destination_id)s, p FROM unnest(%(patterns)s::text[]) AS p
+ON CONFLICT (destination_id, pattern) DO NOTHING;
+
+-- name: destination_release_parked
+-- description: a destination that no longer orders by asset: its deliveries parked behind an
+-- earlier one of their asset (sweep_park_held) are due again now.
+-- invariant 3: nothing stays parked once no rule holds it.
+UPDATE webhook_delivery
+SET next_attempt_at = now(),
+    wait_reason = 'released: the destination no longer orders by asset',
+    updated_at = now()
+WHERE destination_id = %(destination_id)s
+  AND state = 'pending'
+  AND next_attempt_at >= timestamptz '9999-01-01 00:00:00+00';
 
 -- name: destination_enable
 -- description: turns a destination on and forgets why it was off.

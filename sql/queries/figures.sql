@@ -4,10 +4,46 @@
 
 -- name: figures_counts_by_state
 -- description: deliveries per destination and state (index webhook_delivery_destination_state).
-SELECT destination_id, state, count(*) AS n
+SELECT destination_id AS key, state, count(*) AS n
 FROM webhook_delivery
 GROUP BY destination_id, state
 ORDER BY destination_id, state;
+
+-- name: figures_closed_counts
+-- description: dead deliveries closed unsent (superseded, discarded) per destination: counted
+-- under their reason, not as dead (index webhook_delivery_dead).
+SELECT destination_id AS key, closed_reason AS state, count(*) AS n
+FROM webhook_delivery
+WHERE state = 'dead' AND closed_reason IS NOT NULL
+GROUP BY 1, 2;
+
+-- name: figures_counts_by_event_type
+-- description: deliveries per event type and state, dead deliveries closed unsent under their
+-- reason (`status --by event-type`: an operator's question, a scan of the table).
+SELECT event_type AS key, coalesce(closed_reason, state) AS state, count(*) AS n
+FROM webhook_delivery
+GROUP BY 1, 2
+ORDER BY 1, 2;
+
+-- name: figures_dead_heads
+-- description: dead deliveries at the head of an asset's queue on an ordered destination that
+-- hold later deliveries of their asset (media_hooks_may_claim_v1), oldest first, with how many
+-- they hold: each waits for an operator's requeue or discard (index webhook_delivery_dead, then
+-- webhook_delivery_asset_queue per dead row).
+SELECT d.delivery_id, d.destination_id, d.asset_id, held.n AS holding
+FROM webhook_delivery AS d
+JOIN webhook_destination AS w ON w.destination_id = d.destination_id AND w.ordering = 'asset'
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n
+    FROM webhook_delivery AS s
+    WHERE s.destination_id = d.destination_id AND s.asset_id = d.asset_id
+      AND s.state <> 'succeeded' AND s.closed_reason IS NULL
+      AND (s.created_at, coalesce(s.emit_seq, 0), s.delivery_id)
+          > (d.created_at, coalesce(d.emit_seq, 0), d.delivery_id)
+) AS held
+WHERE d.state = 'dead' AND d.closed_reason IS NULL AND held.n > 0
+ORDER BY d.updated_at, d.delivery_id
+LIMIT %(limit)s;
 
 -- name: figures_scalars
 -- description: the single-number figures, each one scan of its own partial index.
@@ -53,8 +89,11 @@ SELECT
        FROM webhook_delivery d
       WHERE d.state = 'enqueued') AS oldest_enqueued_at,
     -- Dead letters and the newest one, so a sensor can tell new ones (webhook_delivery_dead).
-    (SELECT count(*) FROM webhook_delivery d WHERE d.state = 'dead') AS dead_letters,
-    (SELECT max(d.updated_at) FROM webhook_delivery d WHERE d.state = 'dead') AS newest_dead_at
+    -- (A dead delivery closed unsent, superseded or discarded, is not a dead letter.)
+    (SELECT count(*) FROM webhook_delivery d
+      WHERE d.state = 'dead' AND d.closed_reason IS NULL) AS dead_letters,
+    (SELECT max(d.updated_at) FROM webhook_delivery d
+      WHERE d.state = 'dead' AND d.closed_reason IS NULL) AS newest_dead_at
 FROM clock;
 
 -- name: figures_destination_flags

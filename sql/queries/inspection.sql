@@ -11,9 +11,43 @@ SELECT d.delivery_id, d.destination_id, d.asset_id, d.event_type, d.payload, d.s
        d.wait_reason, d.created_at, d.updated_at,
        w.enabled AS destination_enabled, w.disabled_reason, w.disabled_at,
        w.paused_until, w.paused_reason, w.max_attempts,
+       d.closed_reason, d.closed_by, w.ordering, w.coalescing,
+       head.delivery_id AS held_by, head.state AS held_by_state,
+       newer.delivery_id AS newer_id,
        now() AS measured_at
 FROM webhook_delivery AS d
 JOIN webhook_destination AS w ON w.destination_id = d.destination_id
+-- On an ordered destination: the head of the asset's queue, when it is an earlier delivery; on
+-- a coalescing one, an earlier one of the same type in flight (what media_hooks_may_claim_v1
+-- holds this one behind; index webhook_delivery_asset_queue).
+LEFT JOIN LATERAL (
+    SELECT e.delivery_id, e.state
+    FROM webhook_delivery AS e
+    WHERE d.state = 'pending'
+      AND (w.ordering = 'asset'
+           OR (w.coalescing = 'asset' AND e.event_type = d.event_type
+               AND e.state IN ('enqueued', 'leased')))
+      AND e.destination_id = d.destination_id AND e.asset_id = d.asset_id
+      AND e.state <> 'succeeded' AND e.closed_reason IS NULL
+      AND (e.created_at, coalesce(e.emit_seq, 0), e.delivery_id)
+          < (d.created_at, coalesce(d.emit_seq, 0), d.delivery_id)
+    ORDER BY e.created_at, coalesce(e.emit_seq, 0), e.delivery_id
+    LIMIT 1
+) AS head ON true
+-- On a coalescing destination: the newest open delivery of the same asset and type, when it is
+-- newer than this pending one (which the next run closes as superseded by it).
+LEFT JOIN LATERAL (
+    SELECT n.delivery_id
+    FROM webhook_delivery AS n
+    WHERE w.coalescing = 'asset' AND d.state = 'pending'
+      AND n.destination_id = d.destination_id AND n.asset_id = d.asset_id
+      AND n.event_type = d.event_type
+      AND n.state <> 'succeeded' AND n.closed_reason IS NULL
+      AND (n.created_at, coalesce(n.emit_seq, 0), n.delivery_id)
+          > (d.created_at, coalesce(d.emit_seq, 0), d.delivery_id)
+    ORDER BY n.created_at DESC, coalesce(n.emit_seq, 0) DESC, n.delivery_id DESC
+    LIMIT 1
+) AS newer ON true
 WHERE d.delivery_id = %(delivery_id)s;
 
 -- name: inspection_dispatches
@@ -40,3 +74,12 @@ FROM delivery_requeue_item AS i
 JOIN delivery_requeue AS r ON r.requeue_id = i.requeue_id
 WHERE i.delivery_id = %(delivery_id)s
 ORDER BY r.requested_at, r.requeue_id;
+
+-- name: inspection_event
+-- description: an event emitted without a destination, with the destinations it fanned out to
+--   (its deliveries' ids follow from them: media_hooks_event_delivery_id_v1).
+SELECT event_id, event_type, asset_id, destination_ids, created_at,
+       ARRAY(SELECT media_hooks_event_delivery_id_v1(event_id, d)
+             FROM unnest(destination_ids) AS d) AS delivery_ids
+FROM webhook_event
+WHERE event_id = %(event_id)s;

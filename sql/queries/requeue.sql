@@ -14,6 +14,7 @@ FROM webhook_delivery AS d
 WHERE d.state = ANY (%(states)s)
   AND d.state <> 'succeeded'
   AND NOT (d.state = 'leased' AND d.lease_until >= now())
+  AND d.closed_reason IS NULL
   AND media_hooks_in_cohort(d, %(destination_ids)s, %(event_types)s, %(asset_ids)s,
                             %(created_after)s, %(created_before)s)
 GROUP BY d.state;
@@ -43,13 +44,16 @@ FROM media_hooks_end_leases_v1(
 -- keeps: invariant 1 (same delivery_id), invariant 5 (only scheduling metadata and counts
 --   change), invariant 9 (nothing in flight is made sendable again: a row leased while this
 --   statement waited for it is rechecked as locked and skipped). Succeeded deliveries are never
---   requeued: a success is final.
+--   requeued: a success is final; nor are deliveries closed unsent (superseded, discarded).
 WITH target AS (
     SELECT d.delivery_id,
            CASE WHEN d.delivery_id = ANY (%(ended_ids)s) THEN 'leased' ELSE d.state END AS state
     FROM webhook_delivery AS d
     WHERE ((d.state = ANY (%(states)s) AND d.state NOT IN ('succeeded', 'leased'))
            OR (d.delivery_id = ANY (%(ended_ids)s) AND d.state IN ('pending', 'dead')))
+      -- A delivery closed unsent (superseded, discarded) stays closed: sending it now would
+      -- put an older revision after a newer one, or break its asset's order.
+      AND d.closed_reason IS NULL
       AND media_hooks_in_cohort(d, %(destination_ids)s, %(event_types)s, %(asset_ids)s,
                                 %(created_after)s, %(created_before)s)
     FOR UPDATE OF d
@@ -91,3 +95,26 @@ WHERE d.state = 'leased'
   AND %(states)s::text[] && ARRAY['enqueued', 'leased']
   AND media_hooks_in_cohort(d, %(destination_ids)s, %(event_types)s, %(asset_ids)s,
                             %(created_after)s, %(created_before)s);
+
+-- name: discard_dead
+-- description: An operator closes dead deliveries unsent: each keeps state dead and gains the
+--   recorded reason 'discarded' (with who and why in wait_reason; its last error is kept). On an
+--   ordered destination a discarded head no longer holds its asset's later deliveries. Only a
+--   dead delivery not already closed is discarded; returns the ids discarded.
+-- keeps: invariant 3 (the delivery was terminal and stays so), invariant 10 (its successors go
+--   only once it is closed, in order).
+UPDATE webhook_delivery AS d
+SET closed_reason = 'discarded',
+    wait_reason = 'discarded by ' || %(requested_by)s || ': ' || %(reason)s,
+    updated_at = now()
+WHERE d.delivery_id = ANY (%(delivery_ids)s::text[])
+  AND d.state = 'dead'
+  AND d.closed_reason IS NULL
+RETURNING d.delivery_id;
+
+-- name: discard_candidates
+-- description: The states of the deliveries an operator asked to discard (to say why one was
+--   not: not dead, already closed, unknown).
+SELECT delivery_id, state, closed_reason
+FROM webhook_delivery
+WHERE delivery_id = ANY (%(delivery_ids)s::text[]);

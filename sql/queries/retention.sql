@@ -64,6 +64,21 @@ WITH expired AS (
 DELETE FROM delivery_identity t USING expired e
 WHERE t.delivery_id = e.delivery_id;
 
+-- name: expire_events_batch
+-- description: deletes one batch of events (emitted without a destination) recorded before the
+-- duplicate window, as their deliveries' tombstones expire (index webhook_event_created): the
+-- event id may be recorded again after this.
+WITH expired AS (
+    SELECT event_id
+    FROM webhook_event
+    WHERE created_at < %(cutoff)s
+    ORDER BY created_at
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM webhook_event e USING expired x
+WHERE e.event_id = x.event_id;
+
 -- name: tombstone_exists
 -- description: whether a delivery_id was delivered and purged within the duplicate window.
 SELECT EXISTS (

@@ -46,6 +46,109 @@ moved AS (
 )
 SELECT count(*)::integer AS moved FROM moved;
 
+-- name: sweep_park_held
+-- description: On destinations with per-asset order, one page of the asset queues' open
+--   deliveries (index webhook_delivery_asset_queue, in queue order, after the given key) is
+--   scanned, and the due pending ones held behind an earlier open delivery of their asset are
+--   parked: next_attempt_at 9999-01-01, out of the claim's due scan, until the trigger
+--   media_hooks_release_queue_head_v1 makes them due when they head their queue. Parking only
+--   spares the claim from passing over them: the claim's own rule (media_hooks_may_claim_v1)
+--   holds them whether parked or not. Returns how many were parked and scanned, and the last key.
+--   No wakeup is lost to a head that settles meanwhile (the trigger's update of the new head is
+--   the wakeup): the candidate is locked (SKIP LOCKED: one a settling head's trigger is
+--   updating is left unparked) and the earlier delivery FOR SHARE (SKIP LOCKED: one a worker is
+--   settling does not count). A row changed after this statement's snapshot is checked in its
+--   newest version, so nothing is parked behind a delivery that has left the queue; a head that
+--   settles later waits for this statement's share lock, and its trigger then sees the parking.
+--   This statement waits for no one, so it cannot deadlock with a worker.
+-- keeps: invariant 3 (a parked delivery is released when it heads its queue), invariant 10.
+WITH scanned AS (
+    SELECT d.delivery_id, d.destination_id, d.asset_id, d.created_at, d.emit_seq
+    FROM webhook_destination AS w
+    JOIN webhook_delivery AS d ON d.destination_id = w.destination_id
+    WHERE w.ordering = 'asset'
+      AND d.state <> 'succeeded' AND d.closed_reason IS NULL
+      AND (d.destination_id, d.asset_id, d.created_at, d.emit_seq)
+          > (%(after_destination)s, %(after_asset)s, %(after_created_at)s, %(after_emit_seq)s)
+    ORDER BY d.destination_id, d.asset_id, d.created_at, d.emit_seq
+    LIMIT %(limit_rows)s
+),
+held AS (
+    SELECT d.delivery_id
+    FROM webhook_delivery AS d
+    WHERE d.delivery_id = ANY (ARRAY(SELECT delivery_id FROM scanned))
+      AND d.state = 'pending'
+      AND d.next_attempt_at <= now()
+      AND EXISTS (
+          SELECT 1 FROM webhook_delivery AS e
+          WHERE e.destination_id = d.destination_id AND e.asset_id = d.asset_id
+            AND e.state <> 'succeeded' AND e.closed_reason IS NULL
+            AND (e.created_at, coalesce(e.emit_seq, 0), e.delivery_id)
+                < (d.created_at, coalesce(d.emit_seq, 0), d.delivery_id)
+          FOR SHARE OF e SKIP LOCKED
+      )
+    FOR UPDATE OF d SKIP LOCKED
+),
+parked AS (
+    UPDATE webhook_delivery AS d
+    SET next_attempt_at = timestamptz '9999-01-01 00:00:00+00',
+        wait_reason = 'held behind an earlier delivery of its asset (ordered destination)',
+        updated_at = now()
+    WHERE d.delivery_id = ANY (ARRAY(SELECT delivery_id FROM held))
+    RETURNING d.delivery_id
+),
+last AS (
+    SELECT destination_id, asset_id, created_at, emit_seq FROM scanned
+    ORDER BY destination_id DESC, asset_id DESC, created_at DESC, emit_seq DESC LIMIT 1
+)
+SELECT (SELECT count(*) FROM parked)::integer AS moved,
+       (SELECT count(*) FROM scanned)::integer AS scanned,
+       last.destination_id AS after_destination, last.asset_id AS after_asset,
+       last.created_at AS after_created_at, last.emit_seq AS after_emit_seq
+FROM (SELECT 1) AS one LEFT JOIN last ON true;
+
+-- name: sweep_superseded
+-- description: On a destination that coalesces by asset, a pending delivery for which a newer
+--   one of the same asset and event type exists (not closed) is closed unsent: dead, with the
+--   recorded reason 'superseded' and the newest one's id (closed_by). During a publisher's
+--   outage a backlog of revisions collapses to the newest. A delivery in flight is not touched:
+--   if it comes back pending, a later sweep closes it (the newer one waits for it meanwhile,
+--   media_hooks_may_claim_v1).
+-- keeps: invariant 3 (the delivery ends terminal, with its reason), invariant 1 (nothing is
+--   sent under another id). Each newer look-up reads one asset's open queue
+--   (webhook_delivery_asset_queue).
+WITH stale AS (
+    SELECT o.delivery_id, newest.delivery_id AS superseded_by
+    FROM webhook_destination AS w
+    JOIN webhook_delivery AS o ON o.destination_id = w.destination_id AND o.state = 'pending'
+    CROSS JOIN LATERAL (
+        SELECT n.delivery_id
+        FROM webhook_delivery AS n
+        WHERE n.destination_id = o.destination_id AND n.asset_id = o.asset_id
+          AND n.state <> 'succeeded' AND n.closed_reason IS NULL
+          AND n.event_type = o.event_type
+          AND (n.created_at, coalesce(n.emit_seq, 0), n.delivery_id)
+              > (o.created_at, coalesce(o.emit_seq, 0), o.delivery_id)
+        ORDER BY n.created_at DESC, coalesce(n.emit_seq, 0) DESC, n.delivery_id DESC
+        LIMIT 1
+    ) AS newest
+    WHERE w.coalescing = 'asset'
+    LIMIT %(limit_rows)s
+    FOR UPDATE OF o SKIP LOCKED
+),
+moved AS (
+    UPDATE webhook_delivery AS d
+    SET state = 'dead',
+        closed_reason = 'superseded',
+        closed_by = stale.superseded_by,
+        wait_reason = 'superseded by ' || stale.superseded_by,
+        updated_at = now()
+    FROM stale
+    WHERE d.delivery_id = stale.delivery_id AND d.state = 'pending'
+    RETURNING d.delivery_id
+)
+SELECT count(*)::integer AS moved FROM moved;
+
 -- name: release_run
 -- description: Every enqueued or leased delivery whose current dispatch belongs to a run that
 --   is known to have failed goes back to pending, due now: enqueued ones directly, leased ones

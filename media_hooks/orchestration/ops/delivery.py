@@ -18,6 +18,7 @@ from dagster import (
     Out,
     Output,
     RetryPolicy,
+    RetryRequested,
     op,
 )
 
@@ -161,6 +162,8 @@ def prepare(
             "swept_expired_leases": swept.expired_leases,
             "swept_stale_enqueues": swept.stale_enqueues,
             "breaker_disabled": swept.breaker_disabled,
+            "superseded": swept.superseded,
+            "parked_held": swept.parked,
             "requeued_dead": requeued,
             "cohort": MetadataValue.json(cohort.describe()),
             "seconds": MetadataValue.float(time.monotonic() - started),
@@ -216,6 +219,10 @@ def _shard_rows(max_rows: int | None, shard: Shard) -> int | None:
     return max_rows // shard.count + (1 if shard.index < max_rows % shard.count else 0)
 
 
+# Infrastructure faults of a delivery step: two more tries, 2 s and then 6 s after a failure.
+STEP_RETRY = RetryPolicy(max_retries=2, delay=2, backoff=Backoff.EXPONENTIAL)
+
+
 @op(
     description="Delivers a shard of the due destinations (all of them by default) through the "
     "engine, each destination in a thread of its own that claims its deliveries a page at a "
@@ -224,7 +231,6 @@ def _shard_rows(max_rows: int | None, shard: Shard) -> int | None:
     "the table's), except outcomes the database refused to record: that failure is final, "
     "never hidden by a retry.",
     pool=DELIVERY_POOL,
-    retry_policy=RetryPolicy(max_retries=2, delay=2, backoff=Backoff.EXPONENTIAL),
     out=Out(ShardResult),
 )
 def deliver_shard(
@@ -242,6 +248,14 @@ def deliver_shard(
             description=str(exc),
             metadata={"deliveries": exc.delivery_ids},
             allow_retries=False,
+        ) from exc
+    except Exception as exc:
+        # Retried by request, not by a retry_policy on the op: under a policy Dagster turns the
+        # interrupt of a canceled run into a retry, and an in-process run would then deliver
+        # again in the same process and end green instead of canceled.
+        raise RetryRequested(
+            max_retries=STEP_RETRY.max_retries,
+            seconds_to_wait=STEP_RETRY.calculate_delay(context.retry_number + 1),
         ) from exc
     totals, _ = tally((d, DeliveryCounts(**c)) for d, c in result.counts.items())
     per_destination = {

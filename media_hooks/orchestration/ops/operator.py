@@ -1,9 +1,9 @@
-"""Operator jobs' ops: requeue a cohort, and retention."""
+"""Operator jobs' ops: requeue a cohort, discard dead deliveries, and retention."""
 
 from dagster import MetadataValue, OpExecutionContext, Output, op
 
-from media_hooks import requeue, retention
-from media_hooks.orchestration.config import RequeueConfig, RetentionConfig
+from media_hooks import discard, requeue, retention
+from media_hooks.orchestration.config import DiscardConfig, RequeueConfig, RetentionConfig
 from media_hooks.orchestration.metadata import cohort_tags, markdown_table
 from media_hooks.orchestration.resources import PostgresResource
 
@@ -41,6 +41,26 @@ def requeue_deliveries(
                 markdown_table(["state", "deliveries"], sorted(result.by_state.items()))
             ),
             "sample": MetadataValue.json(result.sample),
+        },
+    )
+
+
+@op(description="Closes dead deliveries unsent (discarded); names those that were not dead.")
+def discard_dead_deliveries(
+    context: OpExecutionContext, config: DiscardConfig, postgres: PostgresResource
+) -> Output[dict]:
+    with postgres.connection() as conn:
+        result = discard.discard(
+            conn, config.delivery_ids, reason=config.reason, requested_by=config.requested_by
+        )
+    context.log.info(f"discarded {len(result.discarded)} delivery(ies)")
+    return Output(
+        {"discarded": list(result.discarded), "not_discarded": result.refused},
+        metadata={
+            "discarded": len(result.discarded),
+            "not_discarded": MetadataValue.md(
+                markdown_table(["delivery", "state"], sorted(result.refused.items()))
+            ),
         },
     )
 

@@ -35,9 +35,8 @@ REJECTED_ONE_IN = 200
 # long the sender's and the receiver's threads wait for a core, so starts granted apart may
 # arrive together, up to max_in_flight of them. On this loaded 2-core machine (load average
 # 10-40 while other suites run) windows of 0.27 s held 3.3 starts more than the envelope
-# with 8 in flight, and every limiter statement behind them held (the excess grows with what
-# may be in flight, as bunching does; a hole bounded by the in-flight ceiling would too: not
-# settled). Every window may hold rate x jitter + 1 more. The exact proof of the limiter is the
+# with 8 in flight (the excess grows with what may be in flight, as bunching does; a hole
+# bounded by the in-flight ceiling would too: not settled). Every window may hold rate x jitter + 1 more. The exact proof of the limiter is the
 # interleaving tests (test_state_machine, test_rate_limits).
 ARRIVAL_JITTER_SECONDS = 0.4
 

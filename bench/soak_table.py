@@ -23,6 +23,8 @@ SELECT count(*) AS recorded,
                                GROUP BY delivery_id HAVING count(*) > 1) AS twice)
            AS succeeded_twice,
        (SELECT count(*) FROM delivery_attempt) AS attempts,
+       (SELECT count(*) FROM destination_limiter AS l, unnest(l.slot_until) AS until
+         WHERE until > now()) AS permits_held,
        (SELECT count(*) FROM delivery_attempt WHERE outcome = 'ambiguous') AS ambiguous
 FROM webhook_delivery
 WHERE delivery_id = ANY (%(ids)s)
@@ -124,6 +126,12 @@ def measure(
             f"{flight_broken}",
             "0",
             not rate_broken and not flight_broken,
+        ),
+        _row(
+            "permits still held after the final runs (every run handed back, or its holds expired)",
+            f["permits_held"],
+            "0",
+            f["permits_held"] == 0,
         ),
         _row("kills survived", f"{kills[0]} of {kills[1]}", "as set", kills[0] == kills[1]),
         _row(

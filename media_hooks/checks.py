@@ -73,6 +73,11 @@ CHECKS = (
         "an enqueued delivery has a committed outbox row for its current dispatch (invariant 3)",
     ),
     Check(
+        "sent_out_of_order",
+        "on a destination that orders by asset, nothing is dispatched while an earlier delivery "
+        "of its asset is not terminal (invariant 10)",
+    ),
+    Check(
         "permits_past_hold",
         "no in-flight permit is held longer than one hold from now: a lost holder's permits "
         "expire (rate limits)",
@@ -144,6 +149,8 @@ def _parameters(conn: psycopg.Connection, options: Options) -> dict[str, Any]:
 
 def _counts(conn: psycopg.Connection) -> Result:
     shown = figures.measure(conn).totals
+    # `status` counts a dead delivery closed unsent under its reason (superseded, discarded).
+    shown["dead"] += sum(shown.pop(reason) for reason in figures.CLOSED)
     rows = conn.execute(query("check_counts_by_state")).fetchone()
     differ = [
         f"{state}: status {shown[state]}, rows {rows[state]}"

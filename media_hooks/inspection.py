@@ -280,10 +280,12 @@ def _closed(row: dict[str, Any]) -> Verdict:
             f"{row['asset_id']}; destination {row['destination_id']} sends only the latest), "
             f"closed unsent at {since}",
         )
+    why = _excerpt(row["wait_reason"]) or "discarded"
+    error = _excerpt(row["last_error"])
     return Verdict(
         "discarded",
-        f"discarded at {since}: {_excerpt(row['last_error']) or 'no reason given'}; it is not "
-        "sent, and it no longer holds the asset's later deliveries",
+        f"{why} (at {since}; it had died: {error or 'no error text'}); it is not sent, and it "
+        "no longer holds the asset's later deliveries",
     )
 
 

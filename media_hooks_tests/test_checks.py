@@ -226,3 +226,12 @@ def test_the_check_reads_one_snapshot_and_writes_nothing(history):
     assert not history.info.transaction_status  # IDLE: the transaction ended
     assert history.isolation_level is None and history.read_only is None
     assert report.checked_at is not None
+
+
+def test_a_delivery_dispatched_past_an_earlier_one_of_its_asset(history):
+    """On a destination that orders by asset, an earlier delivery of the asset (here written by
+    hand, backdated) that is not terminal makes the dispatched one out of order."""
+    history.execute("UPDATE webhook_destination SET ordering = 'asset'")
+    assert "sent_out_of_order" not in _broken(_run(history))
+    add_deliveries(history, "pub", 1, prefix="backdated", asset_id="asset-2", age_seconds=3600)
+    assert _broken(_run(history))["sent_out_of_order"] == ("e-pub-2",)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from media_hooks import figures, sweeps
+from media_hooks import checks, figures, sweeps
 from media_hooks.cohort import Cohort
 from media_hooks.delivery_run import deliver_due
 from media_hooks.emit import Event, emit
@@ -81,3 +81,14 @@ def test_an_outage_backlog_collapses_to_the_newest_revision_at_the_receiver(conn
         assert states(conn) == {"succeeded": 1, "dead": 4}
         revisions = [json.loads(r.body)["data"]["revision"] for r in receiver.requests]
     assert revisions == [5]
+
+
+def test_the_check_counts_closed_deliveries_as_the_dead_rows_they_are(conn):
+    add_destination(conn, "latest", coalescing="asset")
+    for revision in (1, 2):
+        _emit(conn, revision)
+    sweeps.sweep_superseded(conn)
+    report = checks.run(conn)
+    assert report.holds, report.failed()
+    counts = next(r for r in report.results if r.name == checks.COUNTS.name)
+    assert counts.holds, counts.examples

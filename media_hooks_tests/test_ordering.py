@@ -100,7 +100,9 @@ def test_a_dead_head_holds_its_asset_until_discarded_and_is_said(conn):
 
     result = discard(conn, [head, second], reason="revision 1 obsolete", requested_by="op")
     assert result.discarded == (head,) and result.refused == {second: "pending"}
-    assert inspect_delivery(conn, head).verdict.kind == "discarded"
+    discarded = inspect_delivery(conn, head).verdict
+    assert discarded.kind == "discarded"
+    assert discarded.text.startswith("discarded by op: revision 1 obsolete")
     measured = figures.measure(conn)
     assert (measured.dead_letters, measured.totals["discarded"], measured.dead_heads) == (0, 1, ())
     assert _claimed(conn, "run-2") == {second}

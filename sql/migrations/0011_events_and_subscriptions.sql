@@ -7,6 +7,12 @@
 -- Everything here is new or a nullable column without a default: no table is rewritten or
 -- scanned (0012 adds the checks and the index that need a scan, without blocking writers).
 
+-- Both tables this file alters, locked at once and in the order a producer takes them (an
+-- emit holds webhook_delivery, then its foreign key reads webhook_destination). Locked one at
+-- a time, destination first, the migration and a producer each waited on the other, and with
+-- producers emitting steadily every attempt ran into its lock timeout and was retried forever.
+LOCK TABLE webhook_delivery, webhook_destination IN ACCESS EXCLUSIVE MODE;
+
 -- A destination's subscriptions: exact event types or `prefix.*` patterns. A destination with
 -- none receives every type (as before subscriptions existed).
 CREATE TABLE destination_subscription (

@@ -169,6 +169,28 @@ WITH bad AS (
 SELECT count(*) AS violations, (array_agg(delivery_id ORDER BY delivery_id))[1:5] AS examples
 FROM bad;
 
+-- name: check_sent_out_of_order
+-- description: dispatched deliveries (enqueued or leased) of a destination that orders by asset
+--   while an earlier delivery of the same asset is not terminal or is dead without being closed
+--   (webhook_delivery_enqueued and _lease, then the asset's queue, webhook_delivery_asset_queue:
+--   the rule of media_hooks_may_claim_v1, migration 0011).
+WITH bad AS (
+    SELECT d.delivery_id
+    FROM webhook_delivery AS d
+    JOIN webhook_destination AS w ON w.destination_id = d.destination_id
+    WHERE d.state IN ('enqueued', 'leased')
+      AND w.ordering = 'asset'
+      AND EXISTS (
+          SELECT 1 FROM webhook_delivery AS e
+          WHERE e.destination_id = d.destination_id
+            AND e.asset_id = d.asset_id
+            AND e.state <> 'succeeded' AND e.closed_reason IS NULL
+            AND (e.created_at, coalesce(e.emit_seq, 0), e.delivery_id)
+                < (d.created_at, coalesce(d.emit_seq, 0), d.delivery_id))
+)
+SELECT count(*) AS violations, (array_agg(delivery_id ORDER BY delivery_id))[1:5] AS examples
+FROM bad;
+
 -- name: check_permits_past_hold
 -- description: in-flight permits held until later than one hold from now: no grant holds a slot
 --   longer than the hold (the lease, stretched for a slow destination to its worst-case send,

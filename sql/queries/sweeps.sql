@@ -49,8 +49,8 @@ SELECT count(*)::integer AS moved FROM moved;
 -- name: sweep_park_held
 -- description: On destinations with per-asset order, one page of the asset queues' open
 --   deliveries (index webhook_delivery_asset_queue, in queue order, after the given key) is
---   scanned, and the due pending ones held behind an earlier open delivery of their asset are
---   parked: next_attempt_at 9999-01-01, out of the claim's due scan, until the trigger
+--   scanned, and the due pending ones held behind an earlier open delivery of their asset (those
+--   not first in their queue, then checked one by one) are parked: next_attempt_at 9999-01-01, out of the claim's due scan, until the trigger
 --   media_hooks_release_queue_head_v1 makes them due when they head their queue. Parking only
 --   spares the claim from passing over them: the claim's own rule (media_hooks_may_claim_v1)
 --   holds them whether parked or not. Returns how many were parked and scanned, and the last key.
@@ -62,7 +62,7 @@ SELECT count(*)::integer AS moved FROM moved;
 --   settles later waits for this statement's share lock, and its trigger then sees the parking.
 --   This statement waits for no one, so it cannot deadlock with a worker.
 -- keeps: invariant 3 (a parked delivery is released when it heads its queue), invariant 10.
-WITH scanned AS (
+WITH page AS (
     SELECT d.delivery_id, d.destination_id, d.asset_id, d.created_at, d.emit_seq
     FROM webhook_destination AS w
     JOIN webhook_delivery AS d ON d.destination_id = w.destination_id
@@ -73,10 +73,21 @@ WITH scanned AS (
     ORDER BY d.destination_id, d.asset_id, d.created_at, d.emit_seq
     LIMIT %(limit_rows)s
 ),
+-- Every row of the index is open, so a row with one before it in its queue (in this page, or
+-- the previous page's last) may be held; the first of a queue never is. Only these are read.
+scanned AS (
+    SELECT p.*,
+           coalesce(lag(p.destination_id) OVER queue, %(after_destination)s) AS before_destination,
+           coalesce(lag(p.asset_id) OVER queue, %(after_asset)s) AS before_asset
+    FROM page AS p
+    WINDOW queue AS (ORDER BY p.destination_id, p.asset_id, p.created_at, p.emit_seq)
+),
 held AS (
     SELECT d.delivery_id
     FROM webhook_delivery AS d
-    WHERE d.delivery_id = ANY (ARRAY(SELECT delivery_id FROM scanned))
+    WHERE d.delivery_id = ANY (ARRAY(SELECT delivery_id FROM scanned
+                                     WHERE (before_destination, before_asset)
+                                           = (destination_id, asset_id)))
       AND d.state = 'pending'
       AND d.next_attempt_at <= now()
       AND EXISTS (
@@ -98,11 +109,11 @@ parked AS (
     RETURNING d.delivery_id
 ),
 last AS (
-    SELECT destination_id, asset_id, created_at, emit_seq FROM scanned
+    SELECT destination_id, asset_id, created_at, emit_seq FROM page
     ORDER BY destination_id DESC, asset_id DESC, created_at DESC, emit_seq DESC LIMIT 1
 )
 SELECT (SELECT count(*) FROM parked)::integer AS moved,
-       (SELECT count(*) FROM scanned)::integer AS scanned,
+       (SELECT count(*) FROM page)::integer AS scanned,
        last.destination_id AS after_destination, last.asset_id AS after_asset,
        last.created_at AS after_created_at, last.emit_seq AS after_emit_seq
 FROM (SELECT 1) AS one LEFT JOIN last ON true;

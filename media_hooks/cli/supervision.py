@@ -204,6 +204,10 @@ class RunSupervisor:
                 self._executing.clear()
         if self._abandoning.is_set():
             threading.Event().wait()  # the watchdog reports and ends the process
+        if run.interrupted and not self.watchdog.expired:
+            # Ctrl-C reached the run's step, which handed back what it held: the command
+            # stops as for a Ctrl-C anywhere else.
+            raise KeyboardInterrupt
         return run
 
     # Called from the watchdog's thread -------------------------------------------------------

@@ -17,6 +17,7 @@ from dagster import (
     execute_job,
     reconstructable,
 )
+from dagster._core.execution.plan.objects import ErrorSource  # private; Dagster is pinned
 
 from media_hooks.orchestration.definitions import deliver_webhooks_job
 from media_hooks.orchestration.ops.delivery import RunSummary
@@ -30,6 +31,7 @@ class DeliveryRun:
     # Why the run did not succeed, in one line (None when it did).
     failure: str | None = None
     canceled: bool = False
+    interrupted: bool = False
 
 
 def _first_line(text: str) -> str:
@@ -72,6 +74,14 @@ def failure_of(result: JobExecutionResult) -> str | None:
 
 def was_canceled(result: JobExecutionResult) -> bool:
     return any(e.event_type == DagsterEventType.RUN_CANCELED for e in result.all_events)
+
+
+def was_interrupted(result: JobExecutionResult) -> bool:
+    """Whether a step ended because this process was interrupted (Ctrl-C, a cancel)."""
+    return any(
+        e.is_step_failure and e.step_failure_data.error_source == ErrorSource.INTERRUPT
+        for e in result.all_events
+    )
 
 
 def delivery_run_config(
@@ -121,4 +131,5 @@ def execute_delivery(
             summary=summary,
             failure=failure_of(result),
             canceled=was_canceled(result),
+            interrupted=was_interrupted(result),
         )

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
-import requests
 import urllib3.exceptions
 
 from media_hooks.ssrf import ForbiddenAddress
@@ -48,13 +47,8 @@ DEFAULT_RETRY_AFTER_CAP_SECONDS = 3600.0
 
 _RETRYABLE_4XX = frozenset({408, 425})
 _DELTA_SECONDS = re.compile(r"^\d+(\.\d+)?$")
-_UNSENDABLE = (
-    requests.exceptions.InvalidURL,
-    requests.exceptions.InvalidSchema,
-    requests.exceptions.MissingSchema,
-    requests.exceptions.InvalidHeader,
-    requests.exceptions.URLRequired,
-)
+# A URL the transport cannot use (no host, an unknown scheme, a malformed proxy setting).
+_UNSENDABLE = (urllib3.exceptions.LocationValueError, urllib3.exceptions.ProxySchemeUnknown)
 
 
 @dataclass(frozen=True)
@@ -139,7 +133,7 @@ def classify_response(
 
 
 def _causes(exc: BaseException) -> list[BaseException]:
-    """The exception and everything it wraps (requests -> urllib3 -> socket)."""
+    """The exception and everything it wraps (urllib3 -> ssl -> socket)."""
     seen: list[BaseException] = []
     pending: list[BaseException | None] = [exc]
     while pending:
@@ -147,8 +141,10 @@ def _causes(exc: BaseException) -> list[BaseException]:
         if current is None or any(current is s for s in seen):
             continue
         seen.append(current)
-        pending.extend([current.__cause__, current.__context__, getattr(current, "reason", None)])
-        pending.extend(a for a in current.args if isinstance(a, BaseException))
+        # ssl's errors have a reason too, a string: only exceptions are followed.
+        links = [current.__cause__, current.__context__, getattr(current, "reason", None)]
+        links.extend(current.args)
+        pending.extend(link for link in links if isinstance(link, BaseException))
     return seen
 
 
@@ -167,14 +163,17 @@ def classify_failure(exc: BaseException) -> Failure:
         return Failure(RETRYABLE, False, f"refused by the SSRF guard: {forbidden}", True)
     if _first(causes, urllib3.exceptions.NameResolutionError):
         return Failure(RETRYABLE, False, f"DNS failure: {_innermost_text(causes)}")
-    if isinstance(exc, requests.ConnectTimeout):
-        return Failure(RETRYABLE, False, f"connect timeout: {_innermost_text(causes)}")
-    if isinstance(exc, requests.ReadTimeout):
-        return Failure(AMBIGUOUS, True, "read timeout: the receiver may have acted")
-    if isinstance(exc, requests.exceptions.ProxyError):
+    if _first(causes, urllib3.exceptions.ProxyError):
         return Failure(RETRYABLE, False, f"proxy failure: {_innermost_text(causes)}")
-    if isinstance(exc, requests.exceptions.SSLError):
+    if _first(causes, urllib3.exceptions.SSLError):
         return Failure(RETRYABLE, False, f"TLS failure: {_innermost_text(causes)}")
+    # urllib3 makes a refused connection a kind of connect timeout: only a true one is one.
+    if isinstance(exc, urllib3.exceptions.ConnectTimeoutError) and not isinstance(
+        exc, urllib3.exceptions.NewConnectionError
+    ):
+        return Failure(RETRYABLE, False, f"connect timeout: {_innermost_text(causes)}")
+    if isinstance(exc, urllib3.exceptions.ReadTimeoutError):
+        return Failure(AMBIGUOUS, True, "read timeout: the receiver may have acted")
     if isinstance(exc, _UNSENDABLE):
         # The destination's URL is unusable; an operator can fix it within the retry budget.
         return Failure(RETRYABLE, False, f"invalid request: {_innermost_text(causes)}")
@@ -198,4 +197,4 @@ def _innermost_text(causes: list[BaseException]) -> str:
 
 
 def _is_wrapper(exc: BaseException) -> bool:
-    return isinstance(exc, requests.RequestException | urllib3.exceptions.HTTPError)
+    return isinstance(exc, urllib3.exceptions.HTTPError)

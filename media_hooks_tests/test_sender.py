@@ -368,3 +368,101 @@ def test_a_small_body_read_to_its_end_keeps_the_connection(receiver) -> None:
         for n in range(3):
             assert sender.send(f"dlv_{n}", BODY).outcome == SUCCESS
     assert rx.connections_opened == 1
+
+
+def _self_signed(folder) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 signed by its own key: (certificate file, key file)."""
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5))
+        .not_valid_after(now + timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = folder / "cert.pem", folder / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return str(cert_file), str(key_file)
+
+
+@pytest.fixture
+def tls_receiver(tmp_path) -> Iterator[tuple[str, str]]:
+    """An HTTPS server on 127.0.0.1 answering 204 to every POST: (its URL, its certificate)."""
+    import ssl
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Answer(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(204)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    cert_file, key_file = _self_signed(tmp_path)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_file, key_file)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    server.daemon_threads = True
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}/hook", cert_file
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def test_an_unverifiable_certificate_is_a_tls_failure_and_nothing_is_sent(
+    tls_receiver, monkeypatch
+) -> None:
+    url, _ = tls_receiver
+    for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+        monkeypatch.delenv(name, raising=False)
+    with sender_for(url) as sender:
+        result = sender.send("dlv_tls", BODY)
+    assert result.outcome == RETRYABLE
+    assert result.error.startswith("TLS failure: ")
+    assert "certificate verify failed" in result.error
+    assert result.request_sent is False
+
+
+def test_the_environments_ca_bundle_is_trusted_as_requests_trusts_it(
+    tls_receiver, monkeypatch
+) -> None:
+    url, cert_file = tls_receiver
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", cert_file)
+    with sender_for(url) as sender:
+        results = [sender.send(f"dlv_tls_{n}", BODY) for n in range(2)]
+    assert [(r.outcome, r.http_status) for r in results] == [(SUCCESS, 204), (SUCCESS, 204)]

@@ -26,6 +26,7 @@ not be retried (retrying the step would leave them to lease expiry and hide the 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -78,6 +79,9 @@ DEFAULT_PAGE_SIZE = 500
 RECORD_BATCH = 100
 RECORD_MAX_DELAY_SECONDS = 0.2
 GATHER_SECONDS = 0.002
+# How late an ask may arrive without costing a start: the room a worker leaves in the bucket
+# when it waits for several starts to ask for them together (_BatchWorker._ask_delay).
+ASK_LATENESS_SECONDS = 0.025
 # A running batch reads its destination again at every page and at least this often.
 REFRESH_SECONDS = 5.0
 # Outcomes are retried until this long before the first of their leases ends.
@@ -409,6 +413,10 @@ class _BatchWorker:
         self.finished: list[tuple[Outcome, AttemptResult | None]] = []
         self.returned_slots: list[int] = []
         self.wait_started: float | None = None
+        # The last answer of the limiter, and when (monotonic) asking again is worth a round
+        # trip (_ask_delay): a request finishing before then does not make the worker ask.
+        self.grant = rate_limits.Grant()
+        self.next_ask_at = 0.0
         # Set when the database refused the outcomes outright: not tried again on the way out.
         self.record_refused = False
         # Why this batch sends nothing more (it disabled its destination), once it does not.
@@ -505,10 +513,13 @@ class _BatchWorker:
         except BaseException:
             self.returned_slots = returned + self.returned_slots  # not handed back after all
             raise
+        answered = time.monotonic()
         for _ in range(step.examined):
             self.waiting.popleft()
         self.counts.skipped += step.examined - len(step.leases)
-        ends = time.monotonic() + self.lease_seconds
+        self.grant = step.grant
+        self.next_ask_at = answered + self._ask_delay(step.grant)
+        ends = answered + self.lease_seconds
         self.unsent = list(zip(step.leases, step.grant.slots, strict=True))
         for lease in step.leases:
             self.lease_ends[lease.delivery_id] = ends
@@ -540,6 +551,8 @@ class _BatchWorker:
             done |= more
         for future in done:
             self._take(future, *self.in_flight.pop(future))
+        if done and self.grant.reason == "in flight":
+            self.next_ask_at = 0.0  # a slot of its own is free: what the worker waited for
         if self._record_due():
             self._record()
 
@@ -563,12 +576,30 @@ class _BatchWorker:
         )
         return signal or time.monotonic() - self._oldest_unrecorded() >= RECORD_MAX_DELAY_SECONDS
 
+    def _ask_delay(self, grant: rate_limits.Grant) -> float:
+        """How long after this answer the next ask is worth its round trip.
+
+        Bound by the rate, the worker waits until several starts are due instead of the next
+        one alone: each ask costs the limiter and the database about as much as the leases it
+        takes (at 50/s, one start an ask is 50 asks a second). It waits until the bucket holds
+        all but ``ASK_LATENESS_SECONDS`` of its burst, so that an ask arriving that late still
+        finds room and no start is lost; the starts taken together stay within burst + rate·t.
+        Bound by requests in flight, a request of its own finishing is the moment to ask too
+        (_collect).
+        """
+        if grant.reason != "rate" or self.destination is None:
+            return grant.retry_in if grant.reason else 0.0
+        rate, burst = self.destination.rate_per_second, self.destination.burst
+        room = burst - math.ceil(rate * ASK_LATENESS_SECONDS)
+        together = max(min(room, len(self.waiting)), 1)
+        return grant.retry_in + (together - 1) / rate
+
     def _wait_bound(self, grant: rate_limits.Grant) -> float | None:
         """How long to wait for a request to finish: until a permit is worth asking for, and
         never past the moment the oldest unrecorded outcome is due to be recorded."""
         bounds = []
         if self.waiting and grant.reason:
-            bounds.append(grant.retry_in)
+            bounds.append(max(self.next_ask_at - time.monotonic(), 0.0))
         if self.finished:
             due = self._oldest_unrecorded() + RECORD_MAX_DELAY_SECONDS - time.monotonic()
             bounds.append(max(due, 0.0))
@@ -699,7 +730,12 @@ class _BatchWorker:
                     f"waiting: destination {self.destination_id} is disabled ({self.stopped})",
                 )
                 return
-            grant, used = self._step() if self.stopped is None else (rate_limits.Grant(), 0)
+            if self.stopped is not None:
+                grant, used = rate_limits.Grant(), 0
+            elif time.monotonic() >= self.next_ask_at:
+                grant, used = self._step()
+            else:
+                grant, used = self.grant, 0  # not worth asking yet (_ask_delay)
             if used:
                 self.wait_started = None
                 continue
@@ -713,7 +749,7 @@ class _BatchWorker:
             else:
                 if self.finished:
                     self._record()  # nothing is in flight: record while waiting for a permit
-                self.stop.wait(max(grant.retry_in, 0.001))
+                self.stop.wait(max(self.next_ask_at - time.monotonic(), 0.001))
 
     # Handing back ------------------------------------------------------------------------
 

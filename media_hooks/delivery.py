@@ -235,6 +235,13 @@ def not_sent(lease: Lease, why: BaseException) -> Outcome:
     )
 
 
+def _wait_for_start(stop: threading.Event, start_at: float) -> bool:
+    """Wait until ``start_at`` (``time.monotonic()``), the moment the limiter granted the
+    request's start for (it may grant a start a little ahead); True if ``stop`` was set first."""
+    delay = start_at - time.monotonic()
+    return delay > 0 and stop.wait(delay)
+
+
 def _send(sender: Sender, lease: Lease) -> AttemptResult:
     """One request; a sender that raises (a bug) is an ambiguous attempt: the request may have
     gone out, so it is retried with the same key and the attempt says why."""
@@ -399,9 +406,10 @@ class _BatchWorker:
         self.retired: list[Sender | ThreadPoolExecutor] = []
         self.waiting: deque[Message] = deque()
         self.pages_exhausted = False
-        # Leases taken and not yet handed to a sender; requests in flight, with their slot; and
-        # when each lease ends (monotonic): its outcome is retried until shortly before.
-        self.unsent: list[tuple[Lease, int]] = []
+        # Leases taken and not yet handed to a sender, with their slot and the moment (monotonic)
+        # their start was granted for; requests in flight, with their slot; and when each lease
+        # ends (monotonic): its outcome is retried until shortly before.
+        self.unsent: list[tuple[Lease, int, float]] = []
         self.in_flight: dict[Future, tuple[Lease, int]] = {}
         self.lease_ends: dict[str, float] = {}
         # Finished attempts whose outcomes are not recorded yet, with their answers (None for a
@@ -505,17 +513,21 @@ class _BatchWorker:
         except BaseException:
             self.returned_slots = returned + self.returned_slots  # not handed back after all
             raise
+        answered = time.monotonic()
         for _ in range(step.examined):
             self.waiting.popleft()
         self.counts.skipped += step.examined - len(step.leases)
-        ends = time.monotonic() + self.lease_seconds
-        self.unsent = list(zip(step.leases, step.grant.slots, strict=True))
+        ends = answered + self.lease_seconds
+        starts = [answered + seconds for seconds in step.grant.start_in]
+        self.unsent = list(zip(step.leases, step.grant.slots, starts, strict=True))
         for lease in step.leases:
             self.lease_ends[lease.delivery_id] = ends
         if self.unsent:
             crashpoints.hit(crashpoints.AFTER_LEASE_BEFORE_REQUEST)
         while self.unsent:
-            lease, slot = self.unsent[0]
+            lease, slot, start_at = self.unsent[0]
+            if _wait_for_start(self.stop, start_at):
+                break  # stopped: the loop hands the unsent leases back
             future = self.executor.submit(_send, self.sender, lease)
             self.in_flight[future] = (lease, slot)
             self.unsent.pop(0)
@@ -724,7 +736,7 @@ class _BatchWorker:
         After a failure, a further failure here is logged and the first one is raised."""
         try:
             try:
-                for lease, slot in self.unsent:
+                for lease, slot, _ in self.unsent:
                     self.finished.append((not_sent(lease, failure or RuntimeError()), None))
                     self.returned_slots.append(slot)
                 self.unsent = []

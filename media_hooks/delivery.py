@@ -2,7 +2,8 @@
 
 For each page the relay hands over, the worker takes permits from the destination's global
 limits, leases as many deliveries as it got permits, sends them from a bounded thread pool
-(one pooled HTTP session per destination), and records the outcomes of whatever has finished
+(one pooled HTTP session per destination), each at the moment its start was granted for (the
+limiter may grant a start a little ahead), and records the outcomes of whatever has finished
 in one statement. No transaction is open while a request is in flight (invariant 7), and a
 worker waiting for permits holds no lease (it leases only what it can send now). An outcome
 waits at most ``RECORD_MAX_DELAY_SECONDS`` to be recorded, however long its neighbours take.

@@ -323,11 +323,12 @@ def _seconds_between(earlier: dict, later: dict) -> float:
 
 def test_a_start_granted_ahead_is_for_the_exact_moment_the_bucket_allows(limited, database_url):
     """One start every 2 s, no stored credit (burst 1), starts granted up to 1.5 s ahead. A is
-    granted the one start of the burst and keeps the limiter row locked; B asks meanwhile and
-    waits on the row; A commits 0.6 s after its grant. B is then granted the next start ahead,
-    for exactly one interval after A's: not earlier (the ceiling), not later (nothing of the
-    rate is lost to B's late ask). A worker of the previous release (v1) and the next ask both
-    see B's start and keep their distance from it."""
+    granted the one start of the drained bucket, at once (counted half the horizon, 0.75 s,
+    later), and keeps the limiter row locked; B asks meanwhile and waits on the row; A commits
+    1.3 s after its grant. B is then granted the next start ahead, for exactly one interval
+    after A's as counted: not earlier (the ceiling), not later (nothing of the rate is lost to
+    B's late ask). A worker of the previous release (v1) and the next ask both see B's start
+    and keep their distance from it."""
     _set_limits(limited, rate_per_second=0.5, burst=1)
     with open_session(database_url) as a, open_session(database_url, autocommit=True) as b:
         first = a.execute(
@@ -340,34 +341,46 @@ def test_a_start_granted_ahead_is_for_the_exact_moment_the_bucket_allows(limited
             ).fetchone()
         ) as asked:
             wait_until_blocked(limited, b.info.backend_pid)
-            a.execute("SELECT pg_sleep(0.6)")
+            a.execute("SELECT pg_sleep(1.3)")
             a.commit()
         second = asked.result()
 
     since = _seconds_between(first, second)
-    assert 0.6 <= since < 2.0  # B asked within the horizon of the next start, before it
+    assert 1.3 <= since < 2.75  # B asked within the horizon of the next start, before it
     assert len(second["slots"]) == 1
-    assert second["starts"][0] == pytest.approx(2.0 - since, abs=1e-6)
+    assert second["starts"][0] == pytest.approx(0.75 + 2.0 - since, abs=1e-6)
 
     old = limited.execute(GRANT_V1, (DEST, "old")).fetchone()
     assert (old["slots"], old["reason"]) == ([], "rate")
-    assert old["retry_in"] == pytest.approx(4.0 - _seconds_between(first, old), abs=1e-6)
+    assert old["retry_in"] == pytest.approx(4.75 - _seconds_between(first, old), abs=1e-6)
     after = limited.execute(
         GRANT_V2, {"destination_id": DEST, "holder": "c", "ahead": 1.5}
     ).fetchone()
     assert (after["slots"], after["reason"]) == ([], "rate")
-    # The start after B's is due 4 s after A's; worth asking for once it is 1.5 s away.
-    assert after["retry_in"] == pytest.approx(2.5 - _seconds_between(first, after), abs=1e-6)
+    # The start after B's is due 4.75 s after A's grant; worth asking for once 1.5 s away.
+    assert after["retry_in"] == pytest.approx(3.25 - _seconds_between(first, after), abs=1e-6)
 
 
-def test_at_most_one_start_is_granted_ahead_one_interval_after_the_burst(limited):
-    _set_limits(limited, rate_per_second=10, burst=3, max_in_flight=10)
-    grant = acquire(limited, DEST, 6, "h", 30, ahead_seconds=1.0)
-    # The burst at once; then one start, 100 ms later (the horizon is capped at one interval).
-    assert grant.slots == [1, 2, 3, 4]
-    assert grant.start_in == pytest.approx([0, 0, 0, 0.1], abs=1e-9)
-    assert grant.reason == "rate"
-    assert grant.retry_in == pytest.approx(0.1, abs=1e-9)
+def test_at_most_one_start_is_granted_ahead(limited):
+    # One start a second, a burst of 3; the horizon is capped at one interval (1 s).
+    _set_limits(limited, rate_per_second=1, burst=3, max_in_flight=10)
+    first = acquire(limited, DEST, 6, "h", 30, ahead_seconds=10)
+    # The burst at once, counted from half the horizon on: the 4th start is due 1.5 s after
+    # the grant, and worth asking for from 0.5 s on.
+    assert (first.slots, first.start_in) == ([1, 2, 3], [0.0, 0.0, 0.0])
+    assert (first.reason, first.retry_in) == ("rate", pytest.approx(0.5, abs=1e-9))
+
+    deadline = time.monotonic() + 10
+    second = acquire(limited, DEST, 5, "h", 30, ahead_seconds=10)
+    while not second.slots and time.monotonic() < deadline:
+        time.sleep(0.01)
+        second = acquire(limited, DEST, 5, "h", 30, ahead_seconds=10)
+    since = (second.granted_at - first.granted_at).total_seconds()
+    assert 0.5 <= since < 1.5
+    # One start only, for its exact moment; the 5th is due a second later, out of the horizon.
+    assert second.slots == [4]
+    assert second.start_in == [pytest.approx(1.5 - since, abs=1e-6)]
+    assert (second.reason, second.retry_in) == ("rate", pytest.approx(1.5 - since, abs=1e-6))
 
 
 def test_without_ahead_every_start_is_at_once(limited):

@@ -14,6 +14,10 @@
 -- and the k-th start of a grant may start (k - burst) / rate after that (at once if earlier).
 -- A start promised ahead leaves the level above burst until it starts, so every version of
 -- the grant (v1 of a worker of the previous release too) sees it and keeps its distance.
+-- Starts granted at once from a drained bucket are counted as made up to half the horizon
+-- later than they may go out (media_hooks_restart_in_v1): the first requests after a quiet
+-- spell reach the receiver a little late, and the exact timeline would otherwise put the
+-- starts after them right on their heels.
 --
 -- Nothing else changes: the in-flight ceiling (a slot per permit, held from the grant), pauses
 -- and disabled destinations (nothing is granted during them), holders and releases, the
@@ -22,7 +26,7 @@
 -- the lease is made, as v2 did. The functions of 0002, 0005 and 0009 stay for workers of the
 -- previous release.
 -- keeps: the start-rate ceiling (0002: starts in any window of length t <= burst + rate * t,
---   counted at the moment each may start) and the in-flight ceiling.
+--   counted at the moment each may start, or later) and the in-flight ceiling.
 
 -- Seconds from p_at until the bucket is empty (0 if it already is): GCRA's theoretical arrival
 -- time, less p_at.
@@ -37,44 +41,104 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT greatest(p_level / p_rate - extract(epoch FROM p_at - p_level_at)::double precision, 0)
 $$;
 
--- When each of p_count starts may go out, in seconds after the moment the bucket empties in
--- p_empty_in: the k-th once the level has drained to burst - 1 before it, (k - burst) / rate
--- after the bucket empties, and at once if that is already past.
-CREATE FUNCTION media_hooks_start_offsets_v1(
-    p_empty_in double precision,
-    p_rate double precision,
-    p_burst integer,
-    p_count integer
-)
-RETURNS double precision[]
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT coalesce(array_agg(greatest(p_empty_in + (k - p_burst) / p_rate, 0) ORDER BY k),
-                    '{}')
-      FROM generate_series(1, p_count) AS k
-$$;
+-- How far ahead of its moment a start may be granted: p_ahead, but at most one interval of the
+-- rate, so that at most one start per destination is ever promised ahead.
+CREATE FUNCTION media_hooks_horizon_v1(p_ahead double precision, p_rate double precision)
+RETURNS double precision
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT least(p_ahead, 1 / p_rate) $$;
 
--- How long until the start after p_count more is within the horizon of a grant, least(p_ahead,
--- one interval of the rate): when asking again is worth it, for the rate.
-CREATE FUNCTION media_hooks_rate_wait_v1(
+-- Seconds from a grant to where its bucket's timeline goes on from: the moment the bucket
+-- empties (p_empty_in after the grant), but never sooner than half the horizon. The first
+-- requests after a quiet spell leave a worker that is only starting to send (its threads, its
+-- connections, every destination of a run at once) and reach the receiver some milliseconds
+-- late; starts scheduled right behind them would bunch up with them. So starts granted at once
+-- from a drained bucket go out at once but are counted as made up to half the horizon later:
+-- the bucket only ever counts them later than they are allowed, so the ceiling holds, and the
+-- rate loses that much once per quiet spell, never in a steady stream of starts.
+CREATE FUNCTION media_hooks_restart_in_v1(
     p_empty_in double precision,
     p_rate double precision,
-    p_burst integer,
-    p_count integer,
     p_ahead double precision
 )
 RETURNS double precision
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT greatest(p_empty_in + (p_count + 1 - p_burst) / p_rate - least(p_ahead, 1 / p_rate), 0)
+    SELECT greatest(p_empty_in, media_hooks_horizon_v1(p_ahead, p_rate) / 2)
+$$;
+
+-- How many starts a grant p_empty_in before the bucket empties may take: those allowed at once
+-- (the level drained to burst - 1 before each), and those whose moment on the timeline (the
+-- k-th (k - burst) / rate after it goes on, media_hooks_restart_in_v1) is within the horizon.
+-- The tiny slack absorbs floating-point error.
+CREATE FUNCTION media_hooks_starts_allowed_v1(
+    p_empty_in double precision,
+    p_rate double precision,
+    p_burst integer,
+    p_ahead double precision
+)
+RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT greatest(floor(p_burst + p_rate * (media_hooks_horizon_v1(p_ahead, p_rate)
+                                              - media_hooks_restart_in_v1(p_empty_in, p_rate, p_ahead))
+                          + 1e-9)::integer, 0)
+$$;
+
+-- When each of p_count starts of a grant may go out, in seconds after it: 0 for those allowed
+-- at once, the moment on the timeline for the rest.
+CREATE FUNCTION media_hooks_start_offsets_v1(
+    p_empty_in double precision,
+    p_rate double precision,
+    p_burst integer,
+    p_ahead double precision,
+    p_count integer
+)
+RETURNS double precision[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(array_agg(
+               CASE WHEN p_empty_in + (k - p_burst) / p_rate <= 1e-9 THEN 0
+                    ELSE media_hooks_restart_in_v1(p_empty_in, p_rate, p_ahead)
+                         + (k - p_burst) / p_rate
+               END ORDER BY k),
+           '{}')
+      FROM generate_series(1, p_count) AS k
+$$;
+
+-- The bucket's level just after a grant of p_count starts: its timeline then ends p_count
+-- intervals after where it goes on from.
+CREATE FUNCTION media_hooks_level_after_v1(
+    p_empty_in double precision,
+    p_rate double precision,
+    p_ahead double precision,
+    p_count integer
+)
+RETURNS double precision
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_rate * media_hooks_restart_in_v1(p_empty_in, p_rate, p_ahead) + p_count
+$$;
+
+-- How long after a grant of p_count starts the next one is worth asking for: once its moment
+-- on the timeline is within the horizon.
+CREATE FUNCTION media_hooks_rate_wait_v1(
+    p_empty_in double precision,
+    p_rate double precision,
+    p_burst integer,
+    p_ahead double precision,
+    p_count integer
+)
+RETURNS double precision
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT greatest(media_hooks_restart_in_v1(p_empty_in, p_rate, p_ahead)
+                    + (p_count + 1 - p_burst) / p_rate
+                    - media_hooks_horizon_v1(p_ahead, p_rate), 0)
 $$;
 
 -- media_hooks_acquire_permits_v1 with starts granted ahead: up to p_want permits (a slot and a
--- start each), each start allowed within the horizon, least(p_ahead_seconds, 1 / rate), of the
--- grant. ``starts`` says, per granted slot, how many seconds after granted_at its request may
--- start (0: at once); retry_in, for the rate, is when the next start comes within the horizon.
+-- start each), each start allowed within the horizon (media_hooks_horizon_v1) of the grant.
+-- ``starts`` says, per granted slot, how many seconds after granted_at its request may start
+-- (0: at once); retry_in, for the rate, is when the next start comes within the horizon.
 -- With p_ahead_seconds = 0 this grants exactly what v1 grants, every start at once.
--- keeps: the start-rate ceiling (a start is counted from the moment it may start, and none is
---   allowed before the level has drained to burst - 1) and the in-flight ceiling (a slot per
---   permit from the grant on); no permit while the destination is paused or disabled.
+-- keeps: the start-rate ceiling (a start is counted from the moment it may start or later, and
+--   none is allowed before the level has drained to burst - 1) and the in-flight ceiling (a
+--   slot per permit from the grant on); no permit while the destination is paused or disabled.
 CREATE FUNCTION media_hooks_acquire_permits_v2(
     p_destination_id text,
     p_want integer,
@@ -94,7 +158,6 @@ DECLARE
     now_ts timestamptz;
     untils timestamptz[];
     holders bigint[];
-    horizon double precision;
     empty_in double precision;
     tokens integer;
     in_flight integer := 0;
@@ -133,12 +196,9 @@ BEGIN
         RETURN;
     END IF;
 
-    -- Starts allowed by now + horizon: the k-th is, if (k - burst) / rate after the bucket
-    -- empties is within the horizon (the tiny slack absorbs floating-point error).
-    horizon := least(p_ahead_seconds, 1 / dest.rate_per_second);
     empty_in := media_hooks_empty_in_v1(lim.level, lim.level_at, dest.rate_per_second, now_ts);
-    tokens := greatest(
-        floor(dest.burst + dest.rate_per_second * (horizon - empty_in) + 1e-9)::integer, 0);
+    tokens := media_hooks_starts_allowed_v1(
+        empty_in, dest.rate_per_second, dest.burst, p_ahead_seconds);
 
     -- Every unexpired hold counts, including slots above a lowered max_in_flight.
     untils := lim.slot_until;
@@ -162,15 +222,17 @@ BEGIN
                 got := got || i;
             END IF;
         END LOOP;
-        -- The bucket now empties n intervals later than it would have: a start promised
-        -- ahead keeps the level above burst until its moment.
+        -- A start promised ahead keeps the level above burst until its moment.
         UPDATE destination_limiter l
-           SET level = dest.rate_per_second * empty_in + n, level_at = now_ts,
+           SET level = media_hooks_level_after_v1(
+                   empty_in, dest.rate_per_second, p_ahead_seconds, n),
+               level_at = now_ts,
                slot_until = untils, slot_holder = holders
          WHERE l.destination_id = p_destination_id;
         IF n = p_want THEN
             RETURN QUERY SELECT got,
-                media_hooks_start_offsets_v1(empty_in, dest.rate_per_second, dest.burst, n),
+                media_hooks_start_offsets_v1(
+                    empty_in, dest.rate_per_second, dest.burst, p_ahead_seconds, n),
                 now_ts, 0::double precision, NULL::text;
             RETURN;
         END IF;
@@ -180,7 +242,7 @@ BEGIN
     IF rate_bound THEN
         -- The next start, the (n + 1)-th, is worth asking for once it is within the horizon.
         rate_wait := media_hooks_rate_wait_v1(
-            empty_in, dest.rate_per_second, dest.burst, n, p_ahead_seconds);
+            empty_in, dest.rate_per_second, dest.burst, p_ahead_seconds, n);
     END IF;
     IF free_slots <= n THEN
         -- Releases are not announced: ask again after a short poll, or when a hold expires.
@@ -189,7 +251,8 @@ BEGIN
                               p_slot_poll_seconds), 0));
     END IF;
     RETURN QUERY SELECT got,
-        media_hooks_start_offsets_v1(empty_in, dest.rate_per_second, dest.burst, greatest(n, 0)),
+        media_hooks_start_offsets_v1(
+            empty_in, dest.rate_per_second, dest.burst, p_ahead_seconds, greatest(n, 0)),
         now_ts, greatest(rate_wait, slot_wait),
         CASE WHEN rate_bound AND rate_wait >= slot_wait THEN 'rate' ELSE 'in flight' END;
 END;
@@ -279,14 +342,15 @@ BEGIN
     SELECT d.rate_per_second, d.burst INTO rate, burst
       FROM webhook_destination d WHERE d.destination_id = p_destination_id;
     empty_in := media_hooks_empty_in_v1(lim.level - granted, lim.level_at, rate, leased_at);
-    offsets := media_hooks_start_offsets_v1(empty_in, rate, burst, used);
+    offsets := media_hooks_start_offsets_v1(empty_in, rate, burst, p_ahead_seconds, used);
     UPDATE destination_limiter l
-       SET level = rate * empty_in + used, level_at = leased_at
+       SET level = media_hooks_level_after_v1(empty_in, rate, p_ahead_seconds, used),
+           level_at = leased_at
      WHERE l.destination_id = p_destination_id;
     since_lease := extract(epoch FROM clock_timestamp() - leased_at)::double precision;
     IF reason = 'rate' THEN
         retry_in := greatest(
-            media_hooks_rate_wait_v1(empty_in, rate, burst, used, p_ahead_seconds) - since_lease,
+            media_hooks_rate_wait_v1(empty_in, rate, burst, p_ahead_seconds, used) - since_lease,
             0);
     END IF;
 

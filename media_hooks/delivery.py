@@ -2,7 +2,8 @@
 
 For each page the relay hands over, the worker takes permits from the destination's global
 limits, leases as many deliveries as it got permits, sends them from a bounded thread pool
-(one pooled HTTP session per destination), and records the outcomes of whatever has finished
+(one pooled HTTP session per destination), each at the moment its start was granted for (the
+limiter may grant a start a little ahead), and records the outcomes of whatever has finished
 in one statement. No transaction is open while a request is in flight (invariant 7), and a
 worker waiting for permits holds no lease (it leases only what it can send now). An outcome
 waits at most ``RECORD_MAX_DELAY_SECONDS`` to be recorded, however long its neighbours take.
@@ -239,6 +240,13 @@ def not_sent(lease: Lease, why: BaseException) -> Outcome:
     )
 
 
+def _wait_for_start(stop: threading.Event, start_at: float) -> bool:
+    """Wait until ``start_at`` (``time.monotonic()``), the moment the limiter granted the
+    request's start for (it may grant a start a little ahead); True if ``stop`` was set first."""
+    delay = start_at - time.monotonic()
+    return delay > 0 and stop.wait(delay)
+
+
 def _send(sender: Sender, lease: Lease) -> AttemptResult:
     """One request; a sender that raises (a bug) is an ambiguous attempt: the request may have
     gone out, so it is retried with the same key and the attempt says why."""
@@ -403,15 +411,18 @@ class _BatchWorker:
         self.retired: list[Sender | ThreadPoolExecutor] = []
         self.waiting: deque[Message] = deque()
         self.pages_exhausted = False
-        # Leases taken and not yet handed to a sender; requests in flight, with their slot; and
-        # when each lease ends (monotonic): its outcome is retried until shortly before.
-        self.unsent: list[tuple[Lease, int]] = []
+        # Leases taken and not yet handed to a sender, with their slot and the moment (monotonic)
+        # their start was granted for; requests in flight, with their slot; and when each lease
+        # ends (monotonic): its outcome is retried until shortly before.
+        self.unsent: list[tuple[Lease, int, float]] = []
         self.in_flight: dict[Future, tuple[Lease, int]] = {}
         self.lease_ends: dict[str, float] = {}
         # Finished attempts whose outcomes are not recorded yet, with their answers (None for a
         # lease never sent); and the permits of finished requests, handed back with the next ask.
         self.finished: list[tuple[Outcome, AttemptResult | None]] = []
         self.returned_slots: list[int] = []
+        # How late (seconds) the latest starts left after their moment, told at the next ask.
+        self.late = 0.0
         self.wait_started: float | None = None
         # The last answer of the limiter, and when (monotonic) asking again is worth a round
         # trip (_ask_delay): a request finishing before then does not make the worker ask.
@@ -499,6 +510,7 @@ class _BatchWorker:
         if not offered:
             return rate_limits.Grant(), 0
         returned, self.returned_slots = self.returned_slots, []
+        late = self.late if self.late > rate_limits.LATE_REPORT_SECONDS else 0.0
         try:
             step = self._db(
                 "lease with permits",
@@ -509,25 +521,31 @@ class _BatchWorker:
                 holder=self.holder,
                 lease_seconds=self.lease_seconds,
                 release_slots=returned,
+                late_seconds=late,
             )
         except BaseException:
             self.returned_slots = returned + self.returned_slots  # not handed back after all
             raise
         answered = time.monotonic()
+        self.late = 0.0
         for _ in range(step.examined):
             self.waiting.popleft()
         self.counts.skipped += step.examined - len(step.leases)
         self.grant = step.grant
         self.next_ask_at = answered + self._ask_delay(step.grant)
         ends = answered + self.lease_seconds
-        self.unsent = list(zip(step.leases, step.grant.slots, strict=True))
+        starts = [answered + seconds for seconds in step.grant.start_in]
+        self.unsent = list(zip(step.leases, step.grant.slots, starts, strict=True))
         for lease in step.leases:
             self.lease_ends[lease.delivery_id] = ends
         if self.unsent:
             crashpoints.hit(crashpoints.AFTER_LEASE_BEFORE_REQUEST)
         while self.unsent:
-            lease, slot = self.unsent[0]
+            lease, slot, start_at = self.unsent[0]
+            if _wait_for_start(self.stop, start_at):
+                break  # stopped: the loop hands the unsent leases back
             future = self.executor.submit(_send, self.sender, lease)
+            self.late = max(self.late, time.monotonic() - start_at)
             self.in_flight[future] = (lease, slot)
             self.unsent.pop(0)
         return step.grant, step.examined
@@ -760,7 +778,7 @@ class _BatchWorker:
         After a failure, a further failure here is logged and the first one is raised."""
         try:
             try:
-                for lease, slot in self.unsent:
+                for lease, slot, _ in self.unsent:
                     self.finished.append((not_sent(lease, failure or RuntimeError()), None))
                     self.returned_slots.append(slot)
                 self.unsent = []

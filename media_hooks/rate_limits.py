@@ -11,6 +11,13 @@ A permit is one slot plus one start, granted together: a start is never spent wi
 One ``acquire`` grants up to ``want`` permits in one round trip, so a sender can take a batch.
 A paused (429, 503 with Retry-After) or disabled destination grants nothing to anyone.
 
+A start may be granted a little ahead of its moment (``ahead_seconds``, at most one interval of
+the rate: one start at most is ever promised ahead), and then says when its request may start
+(``Grant.start_in``). The bucket's timeline is then exact: a sender that asks a little early and
+starts at that moment loses none of the rate to its own wake-up and round trip, which a burst
+of 1 (no stored credit) would otherwise lose for good, and the receiver still sees at most
+``burst + rate * t`` (migration 0014).
+
 Both ceilings of a destination live on its one limiter row (migration 0002): every grant,
 release and pause serializes on it for one short statement. So ``acquire`` and ``release``
 refuse a connection inside a transaction: the row would stay locked for every other process
@@ -38,6 +45,14 @@ SLOT_POLL_SECONDS = 0.02
 DISABLED_POLL_SECONDS = 1.0
 # Never spin: the shortest pause between two asks while waiting.
 _MIN_SLEEP_SECONDS = 0.001
+# How far ahead of its moment a delivery worker may be granted a start (capped by the limiter
+# at one interval of the rate): more than a worker's wake-up and round trip on a busy host, so
+# its next ask arrives before the start is due.
+AHEAD_SECONDS = 0.05
+# A worker that sent a start later than this after its moment tells the limiter at its next
+# ask (the bucket's timeline moves as much later, so the starts after it keep their distance);
+# less is the ordinary cost of a wake-up, which the receiver's arrival jitter covers.
+LATE_REPORT_SECONDS = 0.002
 
 
 @dataclass(frozen=True)
@@ -47,9 +62,12 @@ class Grant:
     ``retry_in`` (seconds) and ``reason`` say, when fewer than wanted were granted, when asking
     again is worth it and why: ``"disabled"``, ``"paused until <UTC time> (<why>)"``,
     ``"rate"`` or ``"in flight"``. ``granted_at`` is the database clock of the decision.
+    ``start_in`` says, per slot, how many seconds after the answer arrived its request may start
+    (0: at once); a request never starts earlier.
     """
 
     slots: list[int] = field(default_factory=list)
+    start_in: list[float] = field(default_factory=list)
     retry_in: float = 0.0
     reason: str | None = None
     granted_at: datetime | None = None
@@ -109,6 +127,7 @@ def acquire(
     holder: str,
     hold_seconds: float,
     release_slots: Sequence[int] = (),
+    ahead_seconds: float = 0.0,
 ) -> Grant:
     """Grant up to ``want`` permits to ``holder`` at once: min(want, free slots, rate tokens).
 
@@ -116,11 +135,15 @@ def acquire(
     length), whichever comes first. ``holder`` names one worker (run id, process, thread): a
     release frees only the slots that holder still holds. One round trip, committed on return;
     ``conn`` must be outside any transaction (autocommit, or idle). ``release_slots`` are freed
-    first, in the same round trip (as ``release`` would).
+    first, in the same round trip (as ``release`` would). With ``ahead_seconds`` a start due
+    within that long (at most one interval of the rate) is granted now: the caller must not
+    start its request before ``start_in`` has passed.
     """
     _check_request(destination_id, want, holder, hold_seconds)
+    if not ahead_seconds >= 0:
+        raise ValueError(f"ahead_seconds must be 0 or more, got {ahead_seconds}")
     _require_no_open_transaction(conn)
-    (slots, granted_at, retry_in, reason), _ = _execute(
+    (slots, starts, granted_at, retry_in, reason), _ = _execute(
         conn,
         "acquire_permits",
         {
@@ -130,10 +153,17 @@ def acquire(
             "hold_seconds": hold_seconds,
             "slot_poll_seconds": SLOT_POLL_SECONDS,
             "disabled_poll_seconds": DISABLED_POLL_SECONDS,
+            "ahead_seconds": ahead_seconds,
             "release_slots": list(release_slots),
         },
     )
-    return Grant(slots=list(slots), retry_in=float(retry_in), reason=reason, granted_at=granted_at)
+    return Grant(
+        slots=list(slots),
+        start_in=[float(s) for s in starts],
+        retry_in=float(retry_in),
+        reason=reason,
+        granted_at=granted_at,
+    )
 
 
 def release(conn: psycopg.Connection, destination_id: str, slots: list[int], holder: str) -> int:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import base64
 import dataclasses
 import threading
+import time
 from datetime import UTC, datetime
 
 import psycopg
 import pytest
 
+from media_hooks import delivery as delivery_module
 from media_hooks import figures, leases, rate_limits
 from media_hooks.cohort import Cohort
 from media_hooks.delivery import DeliveryCounts, deliver_batch
@@ -335,6 +337,48 @@ def test_a_sender_that_raises_is_an_ambiguous_attempt_not_a_failed_batch(
         assert "Injected: injected at send" in failed["error"]
         assert rate_limits.in_flight(conn, "cdn") == []
         assert _open_attempts(conn) == 0
+
+
+def test_an_exception_while_a_start_granted_ahead_waits_hands_its_permit_back(
+    conn, pool, settings, monkeypatch
+):
+    """A start granted ahead (migration 0014) waits in the worker until its moment: a failure
+    meanwhile hands its permit back and records its lease as not sent, budget kept."""
+    # One start a second, no stored credit, starts granted up to 0.5 s ahead: the second
+    # delivery's start is granted well before its moment, however busy the host.
+    monkeypatch.setattr(rate_limits, "AHEAD_SECONDS", 0.5)
+    waits: list[float] = []
+    wait_for_start = delivery_module._wait_for_start
+
+    def failing(stop: threading.Event, start_at: float) -> bool:
+        waits.append(start_at - time.monotonic())
+        if len(waits) == 2:
+            raise Injected("injected while waiting for a start")
+        return wait_for_start(stop, start_at)
+
+    monkeypatch.setattr(delivery_module, "_wait_for_start", failing)
+    with Receiver() as receiver:
+        add_destination(conn, "cdn", url=receiver.url, max_in_flight=2, rate_per_second=1, burst=1)
+        add_deliveries(conn, "cdn", 2)
+
+        with pytest.raises(Injected):
+            _deliver_in_pages(conn, pool, settings, 2)
+
+        assert waits[1] > 0  # the failure came while the second start was granted ahead
+        assert rate_limits.in_flight(conn, "cdn") == []
+        assert _open_attempts(conn) == 0
+        (sent,) = [r.webhook_id for r in receiver.requests]
+        rows = conn.execute(
+            "SELECT d.delivery_id, d.state, d.budget_used, a.outcome, a.error "
+            "FROM webhook_delivery d JOIN delivery_attempt a USING (delivery_id) "
+            "ORDER BY a.started_at"
+        ).fetchall()
+        assert [(r["delivery_id"] == sent, r["state"], r["outcome"]) for r in rows] == [
+            (True, "succeeded", "success"),
+            (False, "pending", "retryable"),
+        ]
+        assert rows[1]["budget_used"] == 0
+        assert "not sent: the batch stopped first (Injected" in rows[1]["error"]
 
 
 def _holding(hold_id: str):

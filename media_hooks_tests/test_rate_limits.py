@@ -25,6 +25,7 @@ from media_hooks.errors import UserError
 from media_hooks.rate_limits import acquire, pause_destination, release, wait_for_permits
 from media_hooks_tests.conftest import REPO
 from media_hooks_tests.factories import add_destination
+from media_hooks_tests.interleaving import in_background, open_session, wait_until_blocked
 
 DEST = "publisher-a"
 
@@ -305,6 +306,88 @@ def test_a_pause_refuses_with_its_reason_and_keeps_the_longer_pause(limited):
     longer = pause_destination(limited, DEST, 60, "429 Retry-After: 60")
     assert longer - until > timedelta(seconds=29)
     assert "(429 Retry-After: 60)" in acquire(limited, DEST, 1, "h", 30).reason
+
+
+# --- starts granted ahead (migration 0014) ----------------------------------------------------
+
+GRANT_V2 = """
+SELECT * FROM media_hooks_acquire_permits_v2(%(destination_id)s, 1, %(holder)s, 30, 0.02, 1.0,
+                                             %(ahead)s)
+"""
+GRANT_V1 = "SELECT * FROM media_hooks_acquire_permits_v1(%s, 1, %s, 30, 0.02, 1.0)"
+
+
+def _seconds_between(earlier: dict, later: dict) -> float:
+    return (later["granted_at"] - earlier["granted_at"]).total_seconds()
+
+
+def test_a_start_granted_ahead_is_for_the_exact_moment_the_bucket_allows(limited, database_url):
+    """One start every 2 s, no stored credit (burst 1), starts granted up to 1.5 s ahead. A is
+    granted the one start of the drained bucket, at once (counted half the horizon, 0.75 s,
+    later), and keeps the limiter row locked; B asks meanwhile and waits on the row; A commits
+    1.3 s after its grant. B is then granted the next start ahead, for exactly one interval
+    after A's as counted: not earlier (the ceiling), not later (nothing of the rate is lost to
+    B's late ask). A worker of the previous release (v1) and the next ask both see B's start
+    and keep their distance from it."""
+    _set_limits(limited, rate_per_second=0.5, burst=1)
+    with open_session(database_url) as a, open_session(database_url, autocommit=True) as b:
+        first = a.execute(
+            GRANT_V2, {"destination_id": DEST, "holder": "a", "ahead": 1.5}
+        ).fetchone()
+        assert (len(first["slots"]), first["starts"]) == (1, [0.0])
+        with in_background(
+            lambda: b.execute(
+                GRANT_V2, {"destination_id": DEST, "holder": "b", "ahead": 1.5}
+            ).fetchone()
+        ) as asked:
+            wait_until_blocked(limited, b.info.backend_pid)
+            a.execute("SELECT pg_sleep(1.3)")
+            a.commit()
+        second = asked.result()
+
+    since = _seconds_between(first, second)
+    assert 1.3 <= since < 2.75  # B asked within the horizon of the next start, before it
+    assert len(second["slots"]) == 1
+    assert second["starts"][0] == pytest.approx(0.75 + 2.0 - since, abs=1e-6)
+
+    old = limited.execute(GRANT_V1, (DEST, "old")).fetchone()
+    assert (old["slots"], old["reason"]) == ([], "rate")
+    assert old["retry_in"] == pytest.approx(4.75 - _seconds_between(first, old), abs=1e-6)
+    after = limited.execute(
+        GRANT_V2, {"destination_id": DEST, "holder": "c", "ahead": 1.5}
+    ).fetchone()
+    assert (after["slots"], after["reason"]) == ([], "rate")
+    # The start after B's is due 4.75 s after A's grant; worth asking for once 1.5 s away.
+    assert after["retry_in"] == pytest.approx(3.25 - _seconds_between(first, after), abs=1e-6)
+
+
+def test_at_most_one_start_is_granted_ahead(limited):
+    # One start a second, a burst of 3; the horizon is capped at one interval (1 s).
+    _set_limits(limited, rate_per_second=1, burst=3, max_in_flight=10)
+    first = acquire(limited, DEST, 6, "h", 30, ahead_seconds=10)
+    # The burst at once, counted from half the horizon on: the 4th start is due 1.5 s after
+    # the grant, and worth asking for from 0.5 s on.
+    assert (first.slots, first.start_in) == ([1, 2, 3], [0.0, 0.0, 0.0])
+    assert (first.reason, first.retry_in) == ("rate", pytest.approx(0.5, abs=1e-9))
+
+    deadline = time.monotonic() + 10
+    second = acquire(limited, DEST, 5, "h", 30, ahead_seconds=10)
+    while not second.slots and time.monotonic() < deadline:
+        time.sleep(0.01)
+        second = acquire(limited, DEST, 5, "h", 30, ahead_seconds=10)
+    since = (second.granted_at - first.granted_at).total_seconds()
+    assert 0.5 <= since < 1.5
+    # One start only, for its exact moment; the 5th is due a second later, out of the horizon.
+    assert second.slots == [4]
+    assert second.start_in == [pytest.approx(1.5 - since, abs=1e-6)]
+    assert (second.reason, second.retry_in) == ("rate", pytest.approx(1.5 - since, abs=1e-6))
+
+
+def test_without_ahead_every_start_is_at_once(limited):
+    grant = acquire(limited, DEST, 3, "h", 30)
+    assert grant.start_in == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="ahead_seconds"):
+        acquire(limited, DEST, 1, "h", 30, ahead_seconds=-0.1)
 
 
 def test_wait_for_permits_waits_for_the_next_token(limited):

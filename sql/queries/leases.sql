@@ -38,20 +38,23 @@ FROM media_hooks_lease_v2(%(run_id)s, %(delivery_ids)s, %(message_ids)s, %(lease
 
 -- name: lease_with_permits
 -- description: The worker's step, in one round trip: hand back finished permits, take up to one
---   new one per offered message from the destination's global limits, lease as many of the
---   offered messages as permits were granted (the first ones), and refund at once the permits
---   of offered messages that were no longer theirs to send. One row per lease with its slot;
---   a single row with empty lease columns when nothing was leased. Every row carries how many
---   offered messages were used up (leased or found stale) and when and why to ask again.
+--   new one per offered message from the destination's global limits (a start may be granted
+--   up to ahead_seconds, at most one interval of the rate, before its moment), lease as many of
+--   the offered messages as permits were granted (the first ones), and give back the permits of
+--   offered messages that were no longer theirs to send. One row per lease with its slot and
+--   start_in (seconds after the statement until its request may start); a single row with
+--   empty lease columns when nothing was leased. Every row carries how many offered messages
+--   were used up (leased or found stale) and when and why to ask again. late_seconds (how late
+--   the worker sent its last starts) moves the bucket's timeline that much later first.
 -- keeps: the rate limits (no lease without a permit, no permit kept without a lease: a stale
---   message spends no start token; a start counts from when its lease is made, however long
---   the lease waited on a lock) and invariants 3, 4, 5 and 9
---   (media_hooks_lease_with_permits_v2, migration 0009).
+--   message spends no start token; a start counts from the moment it may start, and never
+--   before its lease is made, however long the lease waited on a lock) and invariants 3, 4, 5
+--   and 9 (media_hooks_lease_with_permits_v3, migration 0014).
 SELECT *
-FROM media_hooks_lease_with_permits_v2(
+FROM media_hooks_lease_with_permits_v3(
     %(destination_id)s, %(holder)s, %(hold_seconds)s, %(slot_poll_seconds)s,
-    %(disabled_poll_seconds)s, %(release_slots)s, %(run_id)s, %(delivery_ids)s,
-    %(message_ids)s);
+    %(disabled_poll_seconds)s, %(ahead_seconds)s, %(late_seconds)s, %(release_slots)s, %(run_id)s,
+    %(delivery_ids)s, %(message_ids)s);
 
 -- name: record_outcomes
 -- description: Record the outcomes of leased attempts and move each delivery to its next state

@@ -5,13 +5,15 @@
 
 -- name: acquire_permits
 -- description: give back release_slots, then grant up to want permits (one slot plus one
--- start each) to one holder, in one round trip; returns the slots granted, the database time of the grant, and when and why to
--- ask again. Keeps the start-rate and in-flight ceilings and any pause (DESIGN.md, "Shape":
--- rate limits hold across concurrent runs and processes).
-SELECT slots, granted_at, retry_in, reason
-  FROM media_hooks_acquire_permits_v1(
+-- start each) to one holder, in one round trip; a start may be granted up to ahead_seconds (at
+-- most one interval of the rate) before its moment. Returns the slots granted, when each may
+-- start (seconds after granted_at), the database time of the grant, and when and why to ask
+-- again. Keeps the start-rate and in-flight ceilings and any pause (DESIGN.md, "Shape": rate
+-- limits hold across concurrent runs and processes; media_hooks_acquire_permits_v2, 0014).
+SELECT slots, starts, granted_at, retry_in, reason
+  FROM media_hooks_acquire_permits_v2(
       %(destination_id)s, %(want)s, %(holder)s, %(hold_seconds)s,
-      %(slot_poll_seconds)s, %(disabled_poll_seconds)s, %(release_slots)s)
+      %(slot_poll_seconds)s, %(disabled_poll_seconds)s, %(ahead_seconds)s, %(release_slots)s)
 
 -- name: release_permits
 -- description: free the listed slots of one destination that this holder still holds (a slot

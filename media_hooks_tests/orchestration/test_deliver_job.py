@@ -143,10 +143,12 @@ def test_a_rate_limited_destination_does_not_delay_another(instance, database_ur
 def test_reexecution_from_failure_sends_no_succeeded_delivery_twice(
     instance, database_url, conn, receiver, monkeypatch
 ):
-    # One send at a time in practice (a permit every 50 ms), with in-flight slots to spare:
-    # the slot the crashed worker held stays taken until its lease ends.
+    # One send at a time in practice (a start every 100 ms, on the limiter's exact timeline),
+    # with in-flight slots to spare: the slot the crashed worker held stays taken until its
+    # lease ends. The crash at the 5th send (400 ms in) comes after the first outcomes are
+    # recorded (at most RECORD_MAX_DELAY_SECONDS, 200 ms, after they finish).
     add_destination(
-        conn, "only", receiver.url + "only", max_in_flight=4, rate_per_second=20, burst=1
+        conn, "only", receiver.url + "only", max_in_flight=4, rate_per_second=10, burst=1
     )
     ids = add_deliveries(conn, "only", 8)
     # An infrastructure fault: the step process dies after the receiver accepted the 5th send

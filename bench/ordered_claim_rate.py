@@ -34,24 +34,22 @@ from bench.scratch import Scratch, postgres, server_url, write_results
 from media_hooks import sweeps
 from media_hooks.cohort import Cohort
 from media_hooks.config import Settings
+from media_hooks.emit import Event, emit_many
 from media_hooks.reconciler import claim_due
 
 TARGET_RATIO = 0.5
 SHAPES = {"distinct": 1, "revisions": 4}
 
-SEED = """
-INSERT INTO webhook_delivery
-    (delivery_id, destination_id, asset_id, event_type, payload, body, created_at,
-     next_attempt_at, emit_seq)
-SELECT %(destination)s || '-' || g, %(destination)s, 'asset-' || (g / %(per_asset)s),
-       'rights.updated', jsonb_build_object('n', g),
-       convert_to(json_build_object('n', g)::text, 'UTF8'),
-       now() - interval '1 hour', now() - interval '1 hour', nextval('media_hooks_emit_seq')
-FROM generate_series(0, %(rows)s - 1) AS g
-"""
+SEED_CHUNK = 10_000
 
 
 def _seeder(ordering: str, rows: int, per_asset: int) -> Callable[[str], None]:
+    """The backlog as a producer records it: ``emit_many`` (the bulk emit path, which parks a
+    held delivery when it is recorded) in files of SEED_CHUNK events, revision after revision:
+    event g is revision g // assets of asset g % assets, so an asset's later revisions are held
+    behind an earlier one in the same file or in an earlier, committed one."""
+    assets = rows // per_asset
+
     def seed(url: str) -> None:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(
@@ -59,7 +57,14 @@ def _seeder(ordering: str, rows: int, per_asset: int) -> Callable[[str], None]:
                 "VALUES ('pub', 'http://127.0.0.1:9/', %s)",
                 (ordering,),
             )
-            conn.execute(SEED, {"destination": "pub", "rows": rows, "per_asset": per_asset})
+            for first in range(0, rows, SEED_CHUNK):
+                emit_many(
+                    conn,
+                    (
+                        Event("pub", f"asset-{g % assets}", "rights.updated", {"n": g})
+                        for g in range(first, min(first + SEED_CHUNK, rows))
+                    ),
+                )
             conn.execute("VACUUM ANALYZE")
 
     return seed

@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import threading
-from datetime import UTC, datetime
 
 import pytest
 
@@ -24,12 +23,9 @@ from media_hooks.inspection import inspect_delivery
 from media_hooks.receiver import Receiver, Reply
 from media_hooks.reconciler import claim_due
 from media_hooks.requeue import requeue
-from media_hooks.sqlfiles import query
 from media_hooks_tests.conftest import REPO
 from media_hooks_tests.factories import add_destination, states
-from media_hooks_tests.interleaving import in_background, open_session, wait_until_blocked
-
-EPOCH = datetime(1, 1, 1, tzinfo=UTC)
+from media_hooks_tests.interleaving import open_session
 
 
 def _emit_revisions(conn, destination_id: str, assets: dict[str, int]) -> dict[tuple, str]:
@@ -239,54 +235,39 @@ def _due(conn, delivery_id: str) -> bool:
     return row["due"]
 
 
-def test_held_deliveries_are_parked_once_and_released_in_order_when_the_head_settles(conn):
+def _version(conn, delivery_id: str) -> str:
+    """The row version (its place in the heap and the transaction that wrote it)."""
+    row = conn.execute(
+        "SELECT ctid::text || '/' || xmin::text AS v FROM webhook_delivery WHERE delivery_id = %s",
+        (delivery_id,),
+    ).fetchone()
+    return row["v"]
+
+
+def test_held_deliveries_are_born_parked_and_released_in_order_when_the_head_settles(
+    conn, settings
+):
     add_destination(conn, "ordered", ordering="asset")
     ids = _emit_revisions(conn, "ordered", {"a1": 3})
-    assert sweeps.sweep_park_held(conn) == 2
     assert [_due(conn, ids[("a1", n)]) for n in (1, 2, 3)] == [True, False, False]
     assert inspect_delivery(conn, ids[("a1", 3)]).verdict.kind == "held"
-    assert sweeps.sweep_park_held(conn) == 0, "parked once"
+    versions = [_version(conn, ids[("a1", n)]) for n in (2, 3)]
+    assert sweeps.run_sweeps(conn, settings).woken_heads == 0
+    assert [_version(conn, ids[("a1", n)]) for n in (2, 3)] == versions, "nothing rewritten"
 
     _settle(conn, ids[("a1", 1)], "succeeded")
     assert [_due(conn, ids[("a1", n)]) for n in (2, 3)] == [True, False]
     discard_head = ids[("a1", 2)]
     _settle(conn, discard_head, "dead")
     assert not _due(conn, ids[("a1", 3)]), "a dead head holds"
+    assert sweeps.sweep_wake_parked_heads(conn) == 0, "the sweep leaves it held"
     discard(conn, [discard_head], reason="obsolete", requested_by="op")
     assert _due(conn, ids[("a1", 3)])
-
-
-def test_a_head_settling_while_the_sweep_parks_loses_no_wakeup(conn, database_url):
-    """Interleaving: the sweep has parked revision 2 and holds its share lock on revision 1;
-    a worker recording revision 1's success waits for it, and its trigger then releases
-    revision 2. The other order: the worker's trigger holds revision 2, and the sweep leaves it
-    unparked."""
-    add_destination(conn, "ordered", ordering="asset")
-    ids = _emit_revisions(conn, "ordered", {"a1": 2, "a2": 2})
-    first, second = ids[("a1", 1)], ids[("a1", 2)]
-    with open_session(database_url) as sweeper, open_session(database_url) as worker:
-        parked = sweeper.execute(
-            query("sweep_park_held"),
-            {"after_destination": "", "after_asset": "", "after_created_at": EPOCH,
-             "after_emit_seq": -1, "limit_rows": 100},
-        ).fetchone()  # fmt: skip
-        assert parked["moved"] == 2
-        settle = "UPDATE webhook_delivery SET state = 'succeeded' WHERE delivery_id = %s"
-        with in_background(lambda: (worker.execute(settle, (first,)), worker.commit())) as done:
-            wait_until_blocked(conn, worker.info.backend_pid, done)
-            sweeper.commit()
-        assert _due(conn, second), "released by the trigger once the sweep committed"
-
-        worker.execute(settle, (ids[("a2", 1)],))  # in flight: its trigger holds revision 2
-        assert sweeps.sweep_park_held(conn) == 0
-        worker.commit()
-    assert _due(conn, ids[("a2", 2)])
 
 
 def test_turning_ordering_off_releases_parked_deliveries(conn, settings):
     add_destination(conn, "ordered", ordering="asset")
     ids = _emit_revisions(conn, "ordered", {"a1": 2})
-    sweeps.sweep_park_held(conn)
     assert not _due(conn, ids[("a1", 2)])
     spec = DestinationSpec("ordered", "http://127.0.0.1:9/", ordering="none")
     upsert_destination(conn, spec, settings)

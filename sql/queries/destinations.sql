@@ -78,7 +78,7 @@ ON CONFLICT (destination_id, pattern) DO NOTHING;
 
 -- name: destination_release_parked
 -- description: a destination that no longer orders by asset: its deliveries parked behind an
--- earlier one of their asset (sweep_park_held) are due again now.
+-- earlier one of their asset (born parked, or parked by an earlier release) are due again now.
 -- invariant 3: nothing stays parked once no rule holds it.
 UPDATE webhook_delivery
 SET next_attempt_at = now(),

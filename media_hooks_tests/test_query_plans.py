@@ -18,6 +18,7 @@ from psycopg.rows import dict_row
 
 from media_hooks.cohort import Cohort
 from media_hooks.db import with_database
+from media_hooks.emit import Event, emit_many
 from media_hooks.leases import Lease, Outcome, outcomes_document
 from media_hooks.reconciler import claim_due
 from media_hooks.sqlfiles import queries, query
@@ -377,3 +378,64 @@ def test_due_destinations_probe_the_index_whatever_the_statistics_say(unanalyzed
     plan = _planned_by_index(unanalyzed, "due_destinations", Cohort().params())
     assert _seq_scans(plan["Plan"]) == []
     assert _delivery_indexes(plan["Plan"]) == {"webhook_delivery_due_by_destination"}
+
+
+@pytest.fixture(scope="module")
+def ordered(server_url, template_name):
+    """A destination ordering by asset with a backlog recorded by the bulk emit: 5,000 assets,
+    4 revisions each, the later three born parked (migration 0013)."""
+    name = create_database(server_url, template=template_name)
+    with psycopg.connect(
+        with_database(server_url, name), autocommit=True, row_factory=dict_row
+    ) as conn:
+        add_destination(conn, "pub", ordering="asset")
+        emit_many(
+            conn,
+            (Event("pub", f"asset-{g % 5000}", "rights.updated", {"n": g}) for g in range(20_000)),
+        )
+        conn.execute("VACUUM ANALYZE")
+        yield conn
+    drop_database(server_url, name)
+
+
+_EMITTED = {
+    "asset_id": "asset-1",
+    "event_type": "rights.updated",
+    "payload": "{}",
+    "body_head": b"{",
+    "body_tail": b"}",
+}
+ORDERED_STATEMENTS = {
+    "claim_due_page": STATEMENTS["claim_due_page"],
+    "claim_destination_page": lambda: {
+        "run_id": "r",
+        "destination_id": "pub",
+        "page_size": 250,
+        **Cohort().params(),
+    },
+    "sweep_wake_parked_heads": lambda: {
+        "after_destination": "",
+        "after_asset": "",
+        "limit_rows": 1000,
+    },
+    "emit_one": lambda: {**_EMITTED, "destination_id": "pub", "delivery_id": "new-1"},
+    "emit_event_one": lambda: {**_EMITTED, "event_id": "ev-1"},
+    "emit_staging_insert": dict,
+}
+
+
+@pytest.mark.parametrize("name", sorted(ORDERED_STATEMENTS))
+def test_ordered_statements_use_indexes(ordered, name):
+    """The statements that claim, record and wake the deliveries of an ordered destination read
+    its asset queues by index (webhook_delivery_asset_queue, webhook_delivery_parked)."""
+    with ordered.transaction(force_rollback=True):
+        ordered.execute(query("emit_staging_create"))
+        statement = f"EXPLAIN (FORMAT JSON) {query(name)}"
+        (plan,) = ordered.execute(statement.encode(), ORDERED_STATEMENTS[name]()).fetchone()[
+            "QUERY PLAN"
+        ]
+    print(f"\n{name}:\n{json.dumps(plan['Plan'], indent=1)[:6000]}")
+    assert _seq_scans(plan["Plan"]) == []
+    assert "webhook_delivery_asset_queue" in _delivery_indexes(plan["Plan"])
+    if name == "sweep_wake_parked_heads":
+        assert "webhook_delivery_parked" in _delivery_indexes(plan["Plan"])

@@ -1,19 +1,22 @@
 """Ordered claim (issue 14): rows/s the reconciler claims from a 100,000 backlog on a destination
 with ``--ordering asset`` against the same backlog on a plain destination, in the same run.
 
-Backlog shapes (each run is a delivery run's reconciler step: the sweeps, which park held
-deliveries, then ``reconciler.claim_due`` of the whole due backlog in pages of 250; timed
-together, in a fresh clone of the seeded database):
+The backlog is recorded the way a producer records it, through ``emit_many`` (the bulk emit
+path), so an ordered destination's held deliveries are born parked as in production (migration
+0013). Shapes (each run is a delivery run's reconciler step: the sweeps, among them the one that
+wakes a parked delivery left heading its queue, then ``reconciler.claim_due`` of the whole due
+backlog in pages of 250; timed together, in a fresh clone of the seeded database):
 
 - ``distinct``: every delivery a different asset: every row is a queue head, so the ordered
   claim pays the rule's look-up on every row and claims all of them.
 - ``revisions``: 4 deliveries per asset (25,000 assets): the ordered claim takes the 25,000
-  heads and passes over the 75,000 held rows; its rows/s counts the rows it claimed.
+  heads; the 75,000 held rows were born parked, out of its due scan; its rows/s counts the rows
+  it claimed.
 
 ``-drain``: the same backlog claimed to the end: reconciler steps (sweeps and claims, timed)
 until nothing is left, what each step claimed succeeding in between (untimed; the settle trigger
-releases each queue's next delivery), so the ordered destination's four passes over its queues
-count, each held delivery parked once.
+makes each queue's next delivery due), so the ordered destination's four passes over its queues
+count.
 
 Prints the figures and writes them to bench/results/ordered_claim.json.
 

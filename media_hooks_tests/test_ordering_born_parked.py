@@ -263,3 +263,17 @@ def test_the_inlined_claim_rule_agrees_with_v1(conn):
         ], (ordering, coalescing)
         answers |= {(ordering, coalescing, r["v1"]) for r in compared}
     assert len(answers) == 6, f"each rule answers both ways on this queue: {sorted(answers)}"
+
+
+def test_turning_ordering_on_parks_the_due_deliveries_it_holds(conn, settings):
+    """Recorded while the destination did not order (born due): once it orders by asset, its
+    held deliveries are parked at once, and its heads stay due."""
+    add_destination(conn, "pub")
+    ids = {(asset, n): _emit(conn, "pub", asset, n) for n in (1, 2, 3) for asset in ("a1", "a2")}
+    spec = DestinationSpec("pub", "http://127.0.0.1:9/", ordering="asset")
+    upsert_destination(conn, spec, settings)
+    assert _parked(conn, *(ids[("a1", n)] for n in (1, 2, 3))) == [False, True, True]
+    assert _parked(conn, *(ids[("a2", n)] for n in (1, 2, 3))) == [False, True, True]
+    assert _claimed(conn, "run-1") == {ids[("a1", 1)], ids[("a2", 1)]}
+    upsert_destination(conn, spec, settings)
+    assert sweeps.sweep_wake_parked_heads(conn) == 0, "heads in flight, the rest held"

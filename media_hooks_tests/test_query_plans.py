@@ -421,6 +421,7 @@ ORDERED_STATEMENTS = {
     "emit_one": lambda: {**_EMITTED, "destination_id": "pub", "delivery_id": "new-1"},
     "emit_event_one": lambda: {**_EMITTED, "event_id": "ev-1"},
     "emit_staging_insert": dict,
+    "destination_park_held": lambda: {"destination_id": "pub"},
 }
 
 

@@ -80,7 +80,11 @@ def test_a_delivery_born_parked_while_its_head_settles_is_woken_by_the_sweep_and
             worker.commit()
             producer.commit()
         assert _parked(conn, second, third) == [True, True], "an orphan: nobody will wake it"
-        assert inspect_delivery(conn, second).verdict.kind != "held"
+        verdict = inspect_delivery(conn, second).verdict
+        assert (verdict.kind, "the next run's sweeps make it due" in verdict.text) == (
+            "waiting",
+            True,
+        )
         assert _claimed(conn, "run-before-sweep") == set()
 
         assert sweeps.run_sweeps(conn, settings).woken_heads == 1

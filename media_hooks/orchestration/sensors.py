@@ -21,7 +21,7 @@ from dagster import (
     sensor,
 )
 
-from media_hooks import figures
+from media_hooks import figures, sweeps
 from media_hooks.orchestration import alerts, recovery
 from media_hooks.orchestration.resources import DeliverySettingsResource, PostgresResource
 
@@ -104,6 +104,17 @@ def _recover(context: SensorEvaluationContext, conn, job_name: str, settings) ->
     return f"recovered {len(recovered)} dead run(s), {released} delivery(ies) due again; "
 
 
+def _wake_parked_heads(context: SensorEvaluationContext, conn) -> str:
+    """Parked deliveries left heading their queue (born parked while the delivery before them
+    settled) are made due here too, so they wait at most a tick and a catch-up run, not until
+    a run comes for other work (on a quiet day, the nightly one)."""
+    woken = sweeps.sweep_wake_parked_heads(conn)
+    if not woken:
+        return ""
+    context.log.info(f"woke {woken} parked delivery(ies) heading their asset's queue")
+    return f"woke {woken} parked delivery(ies) heading their asset's queue; "
+
+
 def _decide(
     context: SensorEvaluationContext, job_name: str, f: figures.Figures, settings, trigger: str
 ) -> tuple[RunRequest | None, str]:
@@ -132,7 +143,8 @@ def build_delivery_lag_sensor(
         job=job,
         minimum_interval_seconds=interval_seconds,
         default_status=DefaultSensorStatus.RUNNING,
-        description="Recovers dead delivery runs; measures oldest due age, relay lag, expired "
+        description="Recovers dead delivery runs; makes due a parked delivery left heading its "
+        "asset's queue; measures oldest due age, relay lag, expired "
         "leases and dead letters; starts a catch-up run whenever there is work (due "
         "deliveries, expired leases, stale enqueues) and no delivery run is queued or in "
         "progress; alerts once per incident (MEDIA_HOOKS_ALERT_URL) and once when it clears. "
@@ -146,6 +158,7 @@ def build_delivery_lag_sensor(
         settings = delivery_settings.settings()
         with postgres.connection() as conn:
             recovered = _recover(context, conn, job.name, settings)
+            recovered += _wake_parked_heads(context, conn)
             f = figures.measure(conn)
         previous = alerts.AlertState.loads(context.cursor)
         decision = alerts.decide(f, previous, alerts.Thresholds.from_env())

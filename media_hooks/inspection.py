@@ -361,7 +361,8 @@ def _pending(row: dict[str, Any]) -> Verdict:
         return Verdict(
             "waiting",
             f"parked, and nothing earlier of asset {row['asset_id']} is open any more (it "
-            "settled while this delivery was being recorded): the next run's sweeps make it due",
+            "settled while this delivery was being recorded): the lag sensor's next tick or the next "
+            "run's sweeps make it due",
         )
     if due_at > now:
         text = f"waiting by policy until {format_time(due_at)} ({relative(due_at, now)}): {reason}"

@@ -10,7 +10,8 @@
 -- rule (media_hooks_held_by_v2) is what keeps the order. What wakes a parked delivery: the
 -- trigger media_hooks_release_queue_head_v1 when the delivery before it leaves the queue, and,
 -- for one whose predecessor left while the producer's transaction was still open (the trigger
--- cannot see an uncommitted row), the sweep sweep_wake_parked_heads at the next run.
+-- cannot see an uncommitted row), the sweep sweep_wake_parked_heads (each delivery run's
+-- sweeps, and each tick of the lag sensor).
 
 -- name: emit_one
 -- description: records one pending delivery unless its delivery_id was ever recorded; says

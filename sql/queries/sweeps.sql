@@ -55,8 +55,8 @@ SELECT count(*)::integer AS moved FROM moved;
 --   That happens when the delivery before it left the queue while the producer's transaction
 --   that recorded it parked was still open: the trigger media_hooks_release_queue_head_v1 ran
 --   in the settling transaction and could not see the uncommitted row. Such a delivery waits
---   until the next run's sweeps (they precede its claims). Returns how many were woken and how
---   many queues were read, and the last queue.
+--   for the lag sensor's next tick or the next run's sweeps (they precede its claims), which
+--   run this. Returns how many were woken and how many queues were read, and the last queue.
 --   Only queues with parked deliveries are read, one index entry per parked delivery and one
 --   look-up per queue; nothing is written but the woken rows. A row a worker or a trigger holds
 --   is skipped (SKIP LOCKED: whoever holds it is changing it), and a delivery woken that is not

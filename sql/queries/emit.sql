@@ -23,8 +23,8 @@
 -- wrote it; a recorded, or purged and tombstoned, id conflicts on delivery_identity's key, which
 -- also makes a concurrent purge or emit of the same id wait and then decide (migration 0005).
 -- invariant 2: payload and body are written once here and never updated.
--- invariants 3 and 10: on an ordered destination, born parked when an earlier open delivery of
--- its asset holds it (see the top of this file: the trigger or the sweep makes it due again).
+-- keeps: invariants 3 and 10: on an ordered destination, born parked when an earlier open
+--   delivery of its asset holds it (the top of this file: the trigger or the sweep wakes it).
 WITH destination AS (
     SELECT destination_id, ordering
     FROM webhook_destination
@@ -76,8 +76,8 @@ SELECT EXISTS (SELECT 1 FROM destination) AS destination_known,
 -- destinations it went to, and the stored event's type and asset (to refuse a reused id).
 -- invariants 1 and 8: as emit_one, identity rows first, deliveries only for ids they wrote.
 -- invariant 2: payload and body are written once here and never updated.
--- invariants 3 and 10: a delivery to an ordered destination is born parked when an earlier open
--- delivery of its asset holds it, as in emit_one.
+-- keeps: invariants 3 and 10: a delivery to an ordered destination is born parked when an
+--   earlier open delivery of its asset holds it, as in emit_one.
 WITH targets AS (
     SELECT w.destination_id, w.ordering,
            media_hooks_event_delivery_id_v1(%(event_id)s, w.destination_id) AS delivery_id
@@ -201,8 +201,9 @@ LIMIT 1;
 -- (Unlike emit_one, which inserts the identity first, this keeps the bulk path's cost per row
 -- close to what it was before identities: one look-up into the tombstones, one insert.)
 -- invariant 2: payload and body are written once here and never updated.
--- invariants 3 and 10: a delivery to an ordered destination is born parked when an earlier line
--- of its asset in the file, or an earlier open delivery of its asset, holds it (as emit_one).
+-- keeps: invariants 3 and 10: a delivery to an ordered destination is born parked when an
+--   earlier line of its asset in the file, or an earlier open delivery of its asset, holds it
+--   (as in emit_one).
 WITH clock AS (
     SELECT now() AS now, convert_to(media_hooks_rfc3339_v1(now()), 'UTF8') AS stamp
 ),

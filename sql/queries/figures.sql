@@ -27,7 +27,7 @@ ORDER BY 1, 2;
 
 -- name: figures_dead_heads
 -- description: dead deliveries at the head of an asset's queue on an ordered destination that
--- hold later deliveries of their asset (media_hooks_may_claim_v1), oldest first, with how many
+-- hold later deliveries of their asset (media_hooks_held_by_v2), oldest first, with how many
 -- they hold: each waits for an operator's requeue or discard (index webhook_delivery_dead, then
 -- webhook_delivery_asset_queue per dead row).
 SELECT d.delivery_id, d.destination_id, d.asset_id, held.n AS holding

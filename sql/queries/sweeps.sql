@@ -113,7 +113,7 @@ FROM (SELECT 1) AS one LEFT JOIN last ON true;
 --   recorded reason 'superseded' and the newest one's id (closed_by). During a publisher's
 --   outage a backlog of revisions collapses to the newest. A delivery in flight is not touched:
 --   if it comes back pending, a later sweep closes it (the newer one waits for it meanwhile,
---   media_hooks_may_claim_v1).
+--   media_hooks_held_by_v2).
 -- keeps: invariant 3 (the delivery ends terminal, with its reason), invariant 1 (nothing is
 --   sent under another id). Each newer look-up reads one asset's open queue
 --   (webhook_delivery_asset_queue).

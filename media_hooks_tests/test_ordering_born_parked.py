@@ -6,7 +6,6 @@ sweep_wake_parked_heads. The claim's rule (media_hooks_held_by_v2) keeps the ord
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 
 import pytest
@@ -18,10 +17,10 @@ from media_hooks.destinations import DestinationSpec, upsert_destination
 from media_hooks.emit import Event, FanOutEvent, emit, emit_event, emit_many, event_delivery_id
 from media_hooks.inspection import inspect_delivery
 from media_hooks.receiver import Receiver
-from media_hooks.reconciler import claim_due
 from media_hooks.requeue import requeue
 from media_hooks_tests.factories import add_destination, states
 from media_hooks_tests.interleaving import open_session
+from media_hooks_tests.queues import claimed, revisions_received, settle
 
 
 def _revision(destination_id: str, asset_id: str, revision: int) -> Event:
@@ -42,27 +41,6 @@ def _parked(conn, *delivery_ids: str) -> list[bool]:
     return [parked[d] for d in delivery_ids]
 
 
-def _claimed(conn, run_id: str) -> set[str]:
-    claim_due(conn, run_id, Cohort())
-    rows = conn.execute("SELECT delivery_id FROM dispatch_outbox WHERE run_id = %s", (run_id,))
-    return {r["delivery_id"] for r in rows}
-
-
-def _settle(conn, delivery_id: str, state: str) -> None:
-    conn.execute(
-        "UPDATE webhook_delivery SET state = %s, updated_at = now() WHERE delivery_id = %s",
-        (state, delivery_id),
-    )
-
-
-def _revisions_received(receiver: Receiver) -> dict[str, list[int]]:
-    seen: dict[str, list[int]] = {}
-    for request in sorted(receiver.requests, key=lambda r: r.arrived_monotonic):
-        body = json.loads(request.body)
-        seen.setdefault(body["asset_id"], []).append(body["data"]["revision"])
-    return seen
-
-
 def test_a_delivery_born_parked_while_its_head_settles_is_woken_by_the_sweep_and_sent_in_order(
     conn, database_url, pool, settings
 ):
@@ -76,7 +54,7 @@ def test_a_delivery_born_parked_while_its_head_settles_is_woken_by_the_sweep_and
         with open_session(database_url) as producer, open_session(database_url) as worker:
             second = _emit(producer, "ordered", "a1", 2)
             third = _emit(producer, "ordered", "a1", 3)  # paused here, uncommitted
-            _settle(worker, first, "succeeded")
+            settle(worker, first, "succeeded")
             worker.commit()
             producer.commit()
         assert _parked(conn, second, third) == [True, True], "an orphan: nobody will wake it"
@@ -85,7 +63,7 @@ def test_a_delivery_born_parked_while_its_head_settles_is_woken_by_the_sweep_and
             "waiting",
             True,
         )
-        assert _claimed(conn, "run-before-sweep") == set()
+        assert claimed(conn, "run-before-sweep") == set()
 
         assert sweeps.run_sweeps(conn, settings).woken_heads == 1
         assert _parked(conn, second, third) == [False, True]
@@ -96,7 +74,7 @@ def test_a_delivery_born_parked_while_its_head_settles_is_woken_by_the_sweep_and
                 break
             deliver_due(pool, f"run-{round_no}", settings)
         assert states(conn) == {"succeeded": 3}
-        assert _revisions_received(receiver) == {"a1": [2, 3]}
+        assert revisions_received(receiver) == {"a1": [2, 3]}
 
 
 def test_several_revisions_in_one_file_only_the_first_of_each_asset_is_due(conn):
@@ -145,7 +123,7 @@ def test_a_file_repeating_a_delivery_already_sent_does_not_hold_the_next(conn):
     not recorded again and holds nothing; the new revision behind it is due."""
     add_destination(conn, "ordered", ordering="asset")
     (first,) = [_emit(conn, "ordered", "a1", 1)]
-    _settle(conn, first, "succeeded")
+    settle(conn, first, "succeeded")
     counts = emit_many(conn, [_revision("ordered", "a1", 1), _revision("ordered", "a1", 2)])
     assert (counts.inserted, counts.already_present) == (1, 1)
     (second,) = conn.execute(
@@ -157,7 +135,7 @@ def test_a_file_repeating_a_delivery_already_sent_does_not_hold_the_next(conn):
 def test_a_delivery_emitted_behind_a_dead_head_is_parked_and_stays_held(conn, settings):
     add_destination(conn, "ordered", ordering="asset")
     head = _emit(conn, "ordered", "a1", 1)
-    _settle(conn, head, "dead")
+    settle(conn, head, "dead")
     second = _emit(conn, "ordered", "a1", 2)
     assert _parked(conn, second) == [True]
     verdict = inspect_delivery(conn, second).verdict
@@ -165,11 +143,11 @@ def test_a_delivery_emitted_behind_a_dead_head_is_parked_and_stays_held(conn, se
     assert sweeps.run_sweeps(conn, settings).woken_heads == 0
 
     requeue(conn, Cohort(), states=("dead",), reason="receiver fixed", requested_by="op")
-    assert _claimed(conn, "run-1") == {head}, "the requeued head goes first"
+    assert claimed(conn, "run-1") == {head}, "the requeued head goes first"
     assert _parked(conn, second) == [True]
-    _settle(conn, head, "succeeded")
+    settle(conn, head, "succeeded")
     assert _parked(conn, second) == [False]
-    assert _claimed(conn, "run-2") == {second}
+    assert claimed(conn, "run-2") == {second}
 
 
 @pytest.mark.parametrize("in_flight", ["enqueued", "leased"])
@@ -178,7 +156,7 @@ def test_a_delivery_emitted_behind_an_in_flight_head_is_parked_until_it_succeeds
 ):
     add_destination(conn, "ordered", ordering="asset")
     head = _emit(conn, "ordered", "a1", 1)
-    assert _claimed(conn, "run-1") == {head}
+    assert claimed(conn, "run-1") == {head}
     if in_flight == "leased":
         (leased,) = conn.execute(
             "SELECT * FROM media_hooks_lease_v1('run-1', ARRAY[%s], ARRAY[%s || ':1'], 90)",
@@ -188,13 +166,13 @@ def test_a_delivery_emitted_behind_an_in_flight_head_is_parked_until_it_succeeds
     second = _emit(conn, "ordered", "a1", 2)
     assert _parked(conn, second) == [True]
     assert sweeps.run_sweeps(conn, settings).woken_heads == 0
-    assert _claimed(conn, "run-2") == set()
+    assert claimed(conn, "run-2") == set()
     conn.execute(
         "UPDATE webhook_delivery SET state = 'succeeded', lease_token = NULL, lease_until = NULL "
         "WHERE delivery_id = %s",
         (head,),
     )
-    assert _claimed(conn, "run-3") == {second}
+    assert claimed(conn, "run-3") == {second}
 
 
 def test_fan_out_events_to_an_ordered_destination_are_born_parked_there_only(conn, settings):
@@ -218,7 +196,7 @@ def test_fan_out_events_to_an_ordered_destination_are_born_parked_there_only(con
 
     assert parked("ordered") == [False, True, False, True, False, True]
     assert parked("plain") == [False] * 6
-    assert _claimed(conn, "run-1") == {
+    assert claimed(conn, "run-1") == {
         event_delivery_id(f"ev-{n}", "ordered") for n in (1, 3, 5)
     } | {event_delivery_id(f"ev-{n}", "plain") for n in range(1, 7)}
 
@@ -278,6 +256,6 @@ def test_turning_ordering_on_parks_the_due_deliveries_it_holds(conn, settings):
     upsert_destination(conn, spec, settings)
     assert _parked(conn, *(ids[("a1", n)] for n in (1, 2, 3))) == [False, True, True]
     assert _parked(conn, *(ids[("a2", n)] for n in (1, 2, 3))) == [False, True, True]
-    assert _claimed(conn, "run-1") == {ids[("a1", 1)], ids[("a2", 1)]}
+    assert claimed(conn, "run-1") == {ids[("a1", 1)], ids[("a2", 1)]}
     upsert_destination(conn, spec, settings)
     assert sweeps.sweep_wake_parked_heads(conn) == 0, "heads in flight, the rest held"

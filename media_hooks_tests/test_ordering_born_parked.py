@@ -77,6 +77,42 @@ def test_a_delivery_born_parked_while_its_head_settles_is_woken_by_the_sweep_and
         assert revisions_received(receiver) == {"a1": [2, 3]}
 
 
+def test_the_sweep_running_while_a_head_settles_waits_for_nobody_and_loses_no_wakeup(
+    conn, database_url
+):
+    """Interleaving: a worker records revision 1's success and has not committed; its trigger
+    has made revision 2 due (uncommitted, row locked). The sweep, meanwhile, sees revision 1
+    still open, wakes nothing and returns at once; the worker commits: revision 2 is due."""
+    add_destination(conn, "ordered", ordering="asset")
+    first, second = (_emit(conn, "ordered", "a1", n) for n in (1, 2))
+    with open_session(database_url) as worker:
+        settle(worker, first, "succeeded")  # paused here, uncommitted
+        with open_session(database_url, autocommit=True) as sweeper:
+            sweeper.execute("SET lock_timeout = '5s'")
+            assert sweeps.sweep_wake_parked_heads(sweeper) == 0
+        assert _parked(conn, second) == [True], "the worker's wake-up is not committed yet"
+        worker.commit()
+    assert _parked(conn, second) == [False]
+
+
+def test_two_producers_at_once_the_later_born_due_still_waits_for_the_earlier(conn, database_url):
+    """Interleaving: producer A has begun and recorded revision 1 (uncommitted); producer B,
+    which began after it, records revision 2 and cannot see revision 1: it is born due. Once A
+    commits, revision 1 is earlier (its transaction began first), and the claim's rule, not the
+    parking, keeps the order."""
+    add_destination(conn, "ordered", ordering="asset")
+    with open_session(database_url) as a, open_session(database_url) as b:
+        first = _emit(a, "ordered", "a1", 1)  # paused here, uncommitted
+        second = _emit(b, "ordered", "a1", 2)
+        b.commit()
+        assert _parked(conn, second) == [False], "born due: nothing earlier was visible"
+        a.commit()
+    assert claimed(conn, "run-1") == {first}
+    assert claimed(conn, "run-2") == set(), "revision 2 waits while revision 1 is in flight"
+    settle(conn, first, "succeeded")
+    assert claimed(conn, "run-3") == {second}
+
+
 def test_several_revisions_in_one_file_only_the_first_of_each_asset_is_due(conn):
     add_destination(conn, "ordered", ordering="asset")
     add_destination(conn, "plain")

@@ -359,11 +359,17 @@ def unanalyzed(server_url, template_name):
         for n in range(5):
             add_destination(conn, f"pub-{n}")
             add_deliveries(conn, f"pub-{n}", 20_000 if n == 0 else 2_000)
+        # An ordered destination's backlog as the bulk emit records it (its held rows parked).
+        add_destination(conn, "pub-ordered", ordering="asset")
+        emit_many(
+            conn,
+            (Event("pub-ordered", f"a-{g % 2000}", "t", {"n": g}) for g in range(8_000)),
+        )
         yield conn
     drop_database(server_url, name)
 
 
-@pytest.mark.parametrize("destination", ["pub-0", "pub-4"])
+@pytest.mark.parametrize("destination", ["pub-0", "pub-4", "pub-ordered"])
 def test_a_destination_claims_by_its_index_whatever_the_statistics_say(unanalyzed, destination):
     """Each destination's claim reads its own due rows in index order: no sequential scan, no
     sort, no other destination's rows, with or without statistics."""

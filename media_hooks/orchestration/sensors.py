@@ -22,6 +22,7 @@ from dagster import (
 )
 
 from media_hooks import figures, sweeps
+from media_hooks.figures import Figures
 from media_hooks.orchestration import alerts, recovery
 from media_hooks.orchestration.resources import DeliverySettingsResource, PostgresResource
 
@@ -104,15 +105,21 @@ def _recover(context: SensorEvaluationContext, conn, job_name: str, settings) ->
     return f"recovered {len(recovered)} dead run(s), {released} delivery(ies) due again; "
 
 
-def _wake_parked_heads(context: SensorEvaluationContext, conn) -> str:
-    """Parked deliveries left heading their queue (born parked while the delivery before them
-    settled) are made due here too, so they wait at most a tick and a catch-up run, not until
-    a run comes for other work (on a quiet day, the nightly one)."""
+def _measure_waking_parked_heads(
+    context: SensorEvaluationContext, conn, settings
+) -> tuple[str, Figures]:
+    """The figures, after making due the parked deliveries left heading their queue (born
+    parked while the delivery before them settled), when no run would come for other work:
+    they then wait a tick and a catch-up run, not for the nightly run. While there is other
+    work, the run it brings wakes them in its sweeps, and the tick spares the walk."""
+    measured = figures.measure(conn)
+    if measured.work_waiting(settings.enqueue_timeout_seconds):
+        return "", measured
     woken = sweeps.sweep_wake_parked_heads(conn)
     if not woken:
-        return ""
+        return "", measured
     context.log.info(f"woke {woken} parked delivery(ies) heading their asset's queue")
-    return f"woke {woken} parked delivery(ies) heading their asset's queue; "
+    return f"woke {woken} parked delivery(ies) heading their asset's queue; ", figures.measure(conn)
 
 
 def _decide(
@@ -158,8 +165,8 @@ def build_delivery_lag_sensor(
         settings = delivery_settings.settings()
         with postgres.connection() as conn:
             recovered = _recover(context, conn, job.name, settings)
-            recovered += _wake_parked_heads(context, conn)
-            f = figures.measure(conn)
+            woken, f = _measure_waking_parked_heads(context, conn, settings)
+            recovered += woken
         previous = alerts.AlertState.loads(context.cursor)
         decision = alerts.decide(f, previous, alerts.Thresholds.from_env())
         delivered = _send_alerts(context, decision.messages)

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from media_hooks import sweeps
+from media_hooks import figures, sweeps
 from media_hooks.cohort import Cohort
 from media_hooks.delivery_run import deliver_due
 from media_hooks.destinations import DestinationSpec, upsert_destination
@@ -295,3 +295,22 @@ def test_turning_ordering_on_parks_the_due_deliveries_it_holds(conn, settings):
     assert claimed(conn, "run-1") == {ids[("a1", 1)], ids[("a2", 1)]}
     upsert_destination(conn, spec, settings)
     assert sweeps.sweep_wake_parked_heads(conn) == 0, "heads in flight, the rest held"
+
+
+def test_a_delivery_recorded_due_behind_a_dead_head_is_not_work_for_a_run(conn):
+    """Recorded due while its predecessor was invisible to its producer (or by an older
+    release's emit): held by the claim's rule, it is not counted as due work, so no run is
+    started for it again and again while the head is dead."""
+    add_destination(conn, "ordered", ordering="asset")
+    head, second = (_emit(conn, "ordered", "a1", n) for n in (1, 2))
+    conn.execute(
+        "UPDATE webhook_delivery SET next_attempt_at = now() - interval '1 minute' "
+        "WHERE delivery_id = %s",
+        (second,),
+    )
+    assert figures.measure(conn).due_work and figures.cohort_due(conn, Cohort())
+    settle(conn, head, "dead")
+    measured = figures.measure(conn)
+    assert (measured.due_work, measured.oldest_due_any_age_seconds is not None) == (False, True)
+    assert not figures.cohort_due(conn, Cohort())
+    assert claimed(conn, "run-1") == set()

@@ -1,19 +1,22 @@
 """Ordered claim (issue 14): rows/s the reconciler claims from a 100,000 backlog on a destination
 with ``--ordering asset`` against the same backlog on a plain destination, in the same run.
 
-Backlog shapes (each run is a delivery run's reconciler step: the sweeps, which park held
-deliveries, then ``reconciler.claim_due`` of the whole due backlog in pages of 250; timed
-together, in a fresh clone of the seeded database):
+The backlog is recorded the way a producer records it, through ``emit_many`` (the bulk emit
+path), so an ordered destination's held deliveries are born parked as in production (migration
+0013). Shapes (each run is a delivery run's reconciler step: the sweeps, among them the one that
+wakes a parked delivery left heading its queue, then ``reconciler.claim_due`` of the whole due
+backlog in pages of 250; timed together, in a fresh clone of the seeded database):
 
 - ``distinct``: every delivery a different asset: every row is a queue head, so the ordered
   claim pays the rule's look-up on every row and claims all of them.
 - ``revisions``: 4 deliveries per asset (25,000 assets): the ordered claim takes the 25,000
-  heads and passes over the 75,000 held rows; its rows/s counts the rows it claimed.
+  heads; the 75,000 held rows were born parked, out of its due scan; its rows/s counts the rows
+  it claimed.
 
 ``-drain``: the same backlog claimed to the end: reconciler steps (sweeps and claims, timed)
 until nothing is left, what each step claimed succeeding in between (untimed; the settle trigger
-releases each queue's next delivery), so the ordered destination's four passes over its queues
-count, each held delivery parked once.
+makes each queue's next delivery due), so the ordered destination's four passes over its queues
+count.
 
 Prints the figures and writes them to bench/results/ordered_claim.json.
 
@@ -34,24 +37,22 @@ from bench.scratch import Scratch, postgres, server_url, write_results
 from media_hooks import sweeps
 from media_hooks.cohort import Cohort
 from media_hooks.config import Settings
+from media_hooks.emit import Event, emit_many
 from media_hooks.reconciler import claim_due
 
 TARGET_RATIO = 0.5
 SHAPES = {"distinct": 1, "revisions": 4}
 
-SEED = """
-INSERT INTO webhook_delivery
-    (delivery_id, destination_id, asset_id, event_type, payload, body, created_at,
-     next_attempt_at, emit_seq)
-SELECT %(destination)s || '-' || g, %(destination)s, 'asset-' || (g / %(per_asset)s),
-       'rights.updated', jsonb_build_object('n', g),
-       convert_to(json_build_object('n', g)::text, 'UTF8'),
-       now() - interval '1 hour', now() - interval '1 hour', nextval('media_hooks_emit_seq')
-FROM generate_series(0, %(rows)s - 1) AS g
-"""
+SEED_CHUNK = 10_000
 
 
 def _seeder(ordering: str, rows: int, per_asset: int) -> Callable[[str], None]:
+    """The backlog as a producer records it: ``emit_many`` (the bulk emit path, which parks a
+    held delivery when it is recorded) in files of SEED_CHUNK events, revision after revision:
+    event g is revision g // assets of asset g % assets, so an asset's later revisions are held
+    behind an earlier one in the same file or in an earlier, committed one."""
+    assets = rows // per_asset
+
     def seed(url: str) -> None:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(
@@ -59,7 +60,14 @@ def _seeder(ordering: str, rows: int, per_asset: int) -> Callable[[str], None]:
                 "VALUES ('pub', 'http://127.0.0.1:9/', %s)",
                 (ordering,),
             )
-            conn.execute(SEED, {"destination": "pub", "rows": rows, "per_asset": per_asset})
+            for first in range(0, rows, SEED_CHUNK):
+                emit_many(
+                    conn,
+                    (
+                        Event("pub", f"asset-{g % assets}", "rights.updated", {"n": g})
+                        for g in range(first, min(first + SEED_CHUNK, rows))
+                    ),
+                )
             conn.execute("VACUUM ANALYZE")
 
     return seed

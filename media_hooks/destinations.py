@@ -308,6 +308,8 @@ def upsert_destination(
             _check_stored(stored, settings)
             if spec.ordering == "none":
                 _fetch(conn, "destination_release_parked", {"destination_id": spec.destination_id})
+            elif spec.ordering == "asset":
+                _fetch(conn, "destination_park_held", {"destination_id": spec.destination_id})
             if spec.event_types is not None:
                 patterns = subscription_patterns(spec.event_types)
                 subscription = {"destination_id": spec.destination_id, "patterns": patterns}

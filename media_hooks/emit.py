@@ -8,6 +8,9 @@ it); on an autocommit connection ``emit`` is one statement and ``emit_many`` one
 its own, so each is still all or nothing.
 A UserError (bad event, unknown destination) leaves nothing written and the producer's
 transaction usable: ``emit`` checks before it writes, ``emit_many`` works in a savepoint.
+On a destination that orders by asset, a delivery held behind an earlier open one of its asset
+(in the producer's snapshot, or earlier in the same call) is recorded parked, by reading only:
+no lock is taken on an existing row and no worker is waited for (sql/queries/emit.sql).
 
 The request body (CONTRACT.md, "The HTTP request a receiver gets") is serialized here, once,
 and stored with the delivery: every attempt sends the same bytes. Its ``timestamp`` is the

@@ -22,6 +22,8 @@ from media_hooks.identifiers import validate_identifier
 from media_hooks.sqlfiles import query
 
 EXCERPT_CHARS = 120
+# The due time of a parked delivery, held behind an earlier one of its asset (migration 0013).
+PARKED_UNTIL = datetime(9999, 1, 1, tzinfo=UTC)
 # The order of events that share an instant: a dispatch follows its requeue, an attempt its
 # dispatch.
 _KIND_ORDER = {"recorded": 0, "requeued": 1, "dispatched": 2, "attempt": 3}
@@ -355,6 +357,13 @@ def _pending(row: dict[str, Any]) -> Verdict:
     due_at = row["next_attempt_at"]
     hold = _destination_hold(row)
     reason = row["wait_reason"] or "first attempt"
+    if due_at >= PARKED_UNTIL:
+        return Verdict(
+            "waiting",
+            f"parked, and nothing earlier of asset {row['asset_id']} is open any more (it "
+            "settled while this delivery was being recorded): the lag sensor's next tick or the next "
+            "run's sweeps make it due",
+        )
     if due_at > now:
         text = f"waiting by policy until {format_time(due_at)} ({relative(due_at, now)}): {reason}"
         return Verdict("waiting", text + (f"; and {hold}" if hold else ""))

@@ -8,7 +8,6 @@ lock or a timeout is retried (media_hooks.db.retrying).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -26,7 +25,7 @@ class SweepFigures:
     stale_enqueues: int
     breaker_disabled: int
     superseded: int = 0
-    parked: int = 0
+    woken_heads: int = 0
 
 
 def _moved(conn: psycopg.Connection, name: str, params: dict[str, Any]) -> int:
@@ -50,25 +49,21 @@ def sweep_stale_enqueues(conn: psycopg.Connection, timeout_seconds: float) -> in
     return _repeat(conn, "sweep_stale_enqueues", {"timeout_seconds": timeout_seconds})
 
 
-def sweep_park_held(conn: psycopg.Connection) -> int:
-    """Park the due deliveries of ordered destinations that wait behind an earlier delivery of
-    their asset, so that claims stop passing over them; pages in asset-queue order."""
-    parked = 0
-    after: dict[str, Any] = {
-        "after_destination": "",
-        "after_asset": "",
-        "after_created_at": datetime.min.replace(tzinfo=UTC),
-        "after_emit_seq": -1,
-    }
+def sweep_wake_parked_heads(conn: psycopg.Connection) -> int:
+    """Make due the parked deliveries of ordered destinations that head their asset's queue
+    with nobody left to wake them (born parked while the delivery before them settled); pages
+    through the queues that hold parked deliveries, in queue order."""
+    woken = 0
+    after = {"after_destination": "", "after_asset": ""}
     while True:
         params = {**after, "limit_rows": SWEEP_PAGE}
         row = db.retrying(
-            "sweep_park_held",
-            lambda p=params: conn.execute(query("sweep_park_held"), p).fetchone(),
+            "sweep_wake_parked_heads",
+            lambda p=params: conn.execute(query("sweep_wake_parked_heads"), p).fetchone(),
         )
-        parked += row["moved"]
-        if row["scanned"] < SWEEP_PAGE or row["after_emit_seq"] is None:
-            return parked
+        woken += row["moved"]
+        if row["scanned"] < SWEEP_PAGE:
+            return woken
         after = {key: row[key] for key in after}
 
 
@@ -103,5 +98,5 @@ def run_sweeps(conn: psycopg.Connection, settings: Settings) -> SweepFigures:
         stale_enqueues=sweep_stale_enqueues(conn, settings.enqueue_timeout_seconds),
         breaker_disabled=len(trip_circuit_breakers(conn, settings)),
         superseded=sweep_superseded(conn),
-        parked=sweep_park_held(conn),
+        woken_heads=sweep_wake_parked_heads(conn),
     )

@@ -5,12 +5,10 @@ discarded."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import threading
-from datetime import UTC, datetime
 
 import pytest
 
@@ -24,12 +22,10 @@ from media_hooks.inspection import inspect_delivery
 from media_hooks.receiver import Receiver, Reply
 from media_hooks.reconciler import claim_due
 from media_hooks.requeue import requeue
-from media_hooks.sqlfiles import query
 from media_hooks_tests.conftest import REPO
 from media_hooks_tests.factories import add_destination, states
-from media_hooks_tests.interleaving import in_background, open_session, wait_until_blocked
-
-EPOCH = datetime(1, 1, 1, tzinfo=UTC)
+from media_hooks_tests.interleaving import open_session
+from media_hooks_tests.queues import claimed, revisions_received, settle
 
 
 def _emit_revisions(conn, destination_id: str, assets: dict[str, int]) -> dict[tuple, str]:
@@ -43,31 +39,18 @@ def _emit_revisions(conn, destination_id: str, assets: dict[str, int]) -> dict[t
     return ids
 
 
-def _claimed(conn, run_id: str) -> set[str]:
-    claim_due(conn, run_id, Cohort())
-    rows = conn.execute("SELECT delivery_id FROM dispatch_outbox WHERE run_id = %s", (run_id,))
-    return {r["delivery_id"] for r in rows}
-
-
-def _settle(conn, delivery_id: str, state: str) -> None:
-    conn.execute(
-        "UPDATE webhook_delivery SET state = %s, updated_at = now() WHERE delivery_id = %s",
-        (state, delivery_id),
-    )
-
-
 def test_an_ordered_destination_claims_only_the_head_of_each_assets_queue(conn):
     add_destination(conn, "ordered", ordering="asset")
     add_destination(conn, "plain")
     ordered = _emit_revisions(conn, "ordered", {"a1": 3, "a2": 1})
     plain = _emit_revisions(conn, "plain", {"a1": 3})
 
-    first = _claimed(conn, "run-1")
+    first = claimed(conn, "run-1")
     assert first == {ordered[("a1", 1)], ordered[("a2", 1)], *plain.values()}
-    assert _claimed(conn, "run-2") == set(), "a1's revision 2 waits while revision 1 is enqueued"
+    assert claimed(conn, "run-2") == set(), "a1's revision 2 waits while revision 1 is enqueued"
 
-    _settle(conn, ordered[("a1", 1)], "succeeded")
-    assert _claimed(conn, "run-3") == {ordered[("a1", 2)]}
+    settle(conn, ordered[("a1", 1)], "succeeded")
+    assert claimed(conn, "run-3") == {ordered[("a1", 2)]}
 
 
 def test_two_reconcilers_at_once_never_claim_past_an_uncommitted_head(conn, database_url):
@@ -77,11 +60,11 @@ def test_two_reconcilers_at_once_never_claim_past_an_uncommitted_head(conn, data
     ids = _emit_revisions(conn, "ordered", {"a1": 2})
     with open_session(database_url) as a, open_session(database_url) as b:
         claim_due(a, "run-a", Cohort())  # inside A's open transaction (no commit)
-        b_claimed = _claimed(b, "run-b")
+        b_claimed = claimed(b, "run-b")
         b.commit()
         assert b_claimed == set()
         a.commit()
-    assert _claimed(conn, "run-c") == set()
+    assert claimed(conn, "run-c") == set()
     owners = conn.execute("SELECT delivery_id, run_id FROM dispatch_outbox").fetchall()
     assert [(r["delivery_id"], r["run_id"]) for r in owners] == [(ids[("a1", 1)], "run-a")]
 
@@ -90,9 +73,9 @@ def test_a_dead_head_holds_its_asset_until_discarded_and_is_said(conn):
     add_destination(conn, "ordered", ordering="asset")
     ids = _emit_revisions(conn, "ordered", {"a1": 3, "a2": 1})
     head, second = ids[("a1", 1)], ids[("a1", 2)]
-    _settle(conn, head, "dead")
+    settle(conn, head, "dead")
 
-    assert _claimed(conn, "run-1") == {ids[("a2", 1)]}, "other assets flow"
+    assert claimed(conn, "run-1") == {ids[("a2", 1)]}, "other assets flow"
     verdict = inspect_delivery(conn, second).verdict
     assert (verdict.kind, f"held behind dead delivery {head}" in verdict.text) == ("held", True)
     (dead_head,) = figures.measure(conn).dead_heads
@@ -105,7 +88,7 @@ def test_a_dead_head_holds_its_asset_until_discarded_and_is_said(conn):
     assert discarded.text.startswith("discarded by op: revision 1 obsolete")
     measured = figures.measure(conn)
     assert (measured.dead_letters, measured.totals["discarded"], measured.dead_heads) == (0, 1, ())
-    assert _claimed(conn, "run-2") == {second}
+    assert claimed(conn, "run-2") == {second}
     moved = requeue(conn, Cohort(), states=("dead",), reason="again", requested_by="op")
     assert moved.matched == 0, "a discarded delivery stays closed"
 
@@ -113,17 +96,9 @@ def test_a_dead_head_holds_its_asset_until_discarded_and_is_said(conn):
 def test_a_requeued_dead_head_goes_first(conn):
     add_destination(conn, "ordered", ordering="asset")
     ids = _emit_revisions(conn, "ordered", {"a1": 2})
-    _settle(conn, ids[("a1", 1)], "dead")
+    settle(conn, ids[("a1", 1)], "dead")
     requeue(conn, Cohort(), states=("dead",), reason="receiver fixed", requested_by="op")
-    assert _claimed(conn, "run-1") == {ids[("a1", 1)]}
-
-
-def _revisions_by_asset(receiver: Receiver) -> dict[str, list[int]]:
-    seen: dict[str, list[int]] = {}
-    for request in sorted(receiver.requests, key=lambda r: r.arrived_monotonic):
-        body = json.loads(request.body)
-        seen.setdefault(body["asset_id"], []).append(body["data"]["revision"])
-    return seen
+    assert claimed(conn, "run-1") == {ids[("a1", 1)]}
 
 
 def _make_due(conn) -> None:
@@ -163,7 +138,7 @@ def test_retries_a_429_and_two_runs_at_once_never_deliver_an_asset_out_of_order(
             for run in runs:
                 run.join(timeout=60)
         assert states(conn) == {"succeeded": 12}
-        seen = _revisions_by_asset(receiver)
+        seen = revisions_received(receiver)
     for asset, revisions in seen.items():
         assert revisions == sorted(revisions), f"{asset} received out of order: {revisions}"
         assert sorted(set(revisions)) == [1, 2, 3, 4]
@@ -204,8 +179,8 @@ def test_a_run_killed_after_the_receiver_accepted_never_lets_the_next_revision_o
         ids = _emit_revisions(conn, "ordered", {"a1": 3})
         crashed = _run(database_url, "run-killed", crashpoints.AFTER_RECEIVER_ACCEPTED)
         assert crashed == crashpoints.CRASH_EXIT_STATUS
-        assert _revisions_by_asset(receiver) == {"a1": [1]}
-        assert _claimed(conn, "run-probe") == set(), "revision 2 waits behind the lost lease"
+        assert revisions_received(receiver) == {"a1": [1]}
+        assert claimed(conn, "run-probe") == set(), "revision 2 waits behind the lost lease"
         for n in range(10):
             if states(conn) == {"succeeded": 3}:
                 break
@@ -216,7 +191,7 @@ def test_a_run_killed_after_the_receiver_accepted_never_lets_the_next_revision_o
             _make_due(conn)
             assert _run(database_url, f"run-after-{n}") == 0
         assert states(conn) == {"succeeded": 3}
-        seen = _revisions_by_asset(receiver)["a1"]
+        seen = revisions_received(receiver)["a1"]
     assert seen == sorted(seen) and sorted(set(seen)) == [1, 2, 3], seen
     assert len(ids) == 3
 
@@ -239,54 +214,39 @@ def _due(conn, delivery_id: str) -> bool:
     return row["due"]
 
 
-def test_held_deliveries_are_parked_once_and_released_in_order_when_the_head_settles(conn):
+def _version(conn, delivery_id: str) -> str:
+    """The row version (its place in the heap and the transaction that wrote it)."""
+    row = conn.execute(
+        "SELECT ctid::text || '/' || xmin::text AS v FROM webhook_delivery WHERE delivery_id = %s",
+        (delivery_id,),
+    ).fetchone()
+    return row["v"]
+
+
+def test_held_deliveries_are_born_parked_and_released_in_order_when_the_head_settles(
+    conn, settings
+):
     add_destination(conn, "ordered", ordering="asset")
     ids = _emit_revisions(conn, "ordered", {"a1": 3})
-    assert sweeps.sweep_park_held(conn) == 2
     assert [_due(conn, ids[("a1", n)]) for n in (1, 2, 3)] == [True, False, False]
     assert inspect_delivery(conn, ids[("a1", 3)]).verdict.kind == "held"
-    assert sweeps.sweep_park_held(conn) == 0, "parked once"
+    versions = [_version(conn, ids[("a1", n)]) for n in (2, 3)]
+    assert sweeps.run_sweeps(conn, settings).woken_heads == 0
+    assert [_version(conn, ids[("a1", n)]) for n in (2, 3)] == versions, "nothing rewritten"
 
-    _settle(conn, ids[("a1", 1)], "succeeded")
+    settle(conn, ids[("a1", 1)], "succeeded")
     assert [_due(conn, ids[("a1", n)]) for n in (2, 3)] == [True, False]
     discard_head = ids[("a1", 2)]
-    _settle(conn, discard_head, "dead")
+    settle(conn, discard_head, "dead")
     assert not _due(conn, ids[("a1", 3)]), "a dead head holds"
+    assert sweeps.sweep_wake_parked_heads(conn) == 0, "the sweep leaves it held"
     discard(conn, [discard_head], reason="obsolete", requested_by="op")
     assert _due(conn, ids[("a1", 3)])
-
-
-def test_a_head_settling_while_the_sweep_parks_loses_no_wakeup(conn, database_url):
-    """Interleaving: the sweep has parked revision 2 and holds its share lock on revision 1;
-    a worker recording revision 1's success waits for it, and its trigger then releases
-    revision 2. The other order: the worker's trigger holds revision 2, and the sweep leaves it
-    unparked."""
-    add_destination(conn, "ordered", ordering="asset")
-    ids = _emit_revisions(conn, "ordered", {"a1": 2, "a2": 2})
-    first, second = ids[("a1", 1)], ids[("a1", 2)]
-    with open_session(database_url) as sweeper, open_session(database_url) as worker:
-        parked = sweeper.execute(
-            query("sweep_park_held"),
-            {"after_destination": "", "after_asset": "", "after_created_at": EPOCH,
-             "after_emit_seq": -1, "limit_rows": 100},
-        ).fetchone()  # fmt: skip
-        assert parked["moved"] == 2
-        settle = "UPDATE webhook_delivery SET state = 'succeeded' WHERE delivery_id = %s"
-        with in_background(lambda: (worker.execute(settle, (first,)), worker.commit())) as done:
-            wait_until_blocked(conn, worker.info.backend_pid, done)
-            sweeper.commit()
-        assert _due(conn, second), "released by the trigger once the sweep committed"
-
-        worker.execute(settle, (ids[("a2", 1)],))  # in flight: its trigger holds revision 2
-        assert sweeps.sweep_park_held(conn) == 0
-        worker.commit()
-    assert _due(conn, ids[("a2", 2)])
 
 
 def test_turning_ordering_off_releases_parked_deliveries(conn, settings):
     add_destination(conn, "ordered", ordering="asset")
     ids = _emit_revisions(conn, "ordered", {"a1": 2})
-    sweeps.sweep_park_held(conn)
     assert not _due(conn, ids[("a1", 2)])
     spec = DestinationSpec("ordered", "http://127.0.0.1:9/", ordering="none")
     upsert_destination(conn, spec, settings)

@@ -18,6 +18,7 @@ from psycopg.rows import dict_row
 
 from media_hooks.cohort import Cohort
 from media_hooks.db import with_database
+from media_hooks.emit import Event, emit_many
 from media_hooks.leases import Lease, Outcome, outcomes_document
 from media_hooks.reconciler import claim_due
 from media_hooks.sqlfiles import queries, query
@@ -358,11 +359,17 @@ def unanalyzed(server_url, template_name):
         for n in range(5):
             add_destination(conn, f"pub-{n}")
             add_deliveries(conn, f"pub-{n}", 20_000 if n == 0 else 2_000)
+        # An ordered destination's backlog as the bulk emit records it (its held rows parked).
+        add_destination(conn, "pub-ordered", ordering="asset")
+        emit_many(
+            conn,
+            (Event("pub-ordered", f"a-{g % 2000}", "t", {"n": g}) for g in range(8_000)),
+        )
         yield conn
     drop_database(server_url, name)
 
 
-@pytest.mark.parametrize("destination", ["pub-0", "pub-4"])
+@pytest.mark.parametrize("destination", ["pub-0", "pub-4", "pub-ordered"])
 def test_a_destination_claims_by_its_index_whatever_the_statistics_say(unanalyzed, destination):
     """Each destination's claim reads its own due rows in index order: no sequential scan, no
     sort, no other destination's rows, with or without statistics."""
@@ -377,3 +384,73 @@ def test_due_destinations_probe_the_index_whatever_the_statistics_say(unanalyzed
     plan = _planned_by_index(unanalyzed, "due_destinations", Cohort().params())
     assert _seq_scans(plan["Plan"]) == []
     assert _delivery_indexes(plan["Plan"]) == {"webhook_delivery_due_by_destination"}
+
+
+@pytest.fixture(scope="module")
+def ordered(server_url, template_name):
+    """A destination ordering by asset with a backlog recorded by the bulk emit: 5,000 assets,
+    4 revisions each, the later three born parked (migration 0013)."""
+    name = create_database(server_url, template=template_name)
+    with psycopg.connect(
+        with_database(server_url, name), autocommit=True, row_factory=dict_row
+    ) as conn:
+        add_destination(conn, "pub", ordering="asset")
+        emit_many(
+            conn,
+            (Event("pub", f"asset-{g % 5000}", "rights.updated", {"n": g}) for g in range(20_000)),
+        )
+        conn.execute("VACUUM ANALYZE")
+        yield conn
+    drop_database(server_url, name)
+
+
+_EMITTED = {
+    "asset_id": "asset-1",
+    "event_type": "rights.updated",
+    "payload": "{}",
+    "body_head": b"{",
+    "body_tail": b"}",
+}
+ORDERED_STATEMENTS = {
+    "claim_due_page": STATEMENTS["claim_due_page"],
+    "claim_destination_page": lambda: {
+        "run_id": "r",
+        "destination_id": "pub",
+        "page_size": 250,
+        **Cohort().params(),
+    },
+    "sweep_wake_parked_heads": lambda: {
+        "after_destination": "",
+        "after_asset": "",
+        "limit_rows": 1000,
+    },
+    "emit_one": lambda: {**_EMITTED, "destination_id": "pub", "delivery_id": "new-1"},
+    "emit_event_one": lambda: {**_EMITTED, "event_id": "ev-1"},
+    "emit_staging_insert": dict,
+    "destination_park_held": lambda: {"destination_id": "pub"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(ORDERED_STATEMENTS))
+def test_ordered_statements_use_indexes(ordered, name):
+    """The statements that claim, record and wake the deliveries of an ordered destination read
+    its asset queues by index (webhook_delivery_asset_queue, webhook_delivery_parked)."""
+    with ordered.transaction(force_rollback=True):
+        ordered.execute(query("emit_staging_create"))
+        statement = f"EXPLAIN (FORMAT JSON) {query(name)}"
+        (plan,) = ordered.execute(statement.encode(), ORDERED_STATEMENTS[name]()).fetchone()[
+            "QUERY PLAN"
+        ]
+    print(f"\n{name}:\n{json.dumps(plan['Plan'], indent=1)[:6000]}")
+    assert _seq_scans(plan["Plan"]) == []
+    assert "webhook_delivery_asset_queue" in _every_index(plan["Plan"])
+    if name == "sweep_wake_parked_heads":
+        assert "webhook_delivery_parked" in _every_index(plan["Plan"])
+
+
+def _every_index(plan: dict) -> set[str]:
+    """Every index a plan reads, its subplans' included."""
+    found = {plan["Index Name"]} if "Index Name" in plan else set()
+    for child in plan.get("Plans", []):
+        found |= _every_index(child)
+    return found

@@ -21,7 +21,8 @@ from dagster import (
     sensor,
 )
 
-from media_hooks import figures
+from media_hooks import figures, sweeps
+from media_hooks.figures import Figures
 from media_hooks.orchestration import alerts, recovery
 from media_hooks.orchestration.resources import DeliverySettingsResource, PostgresResource
 
@@ -104,6 +105,23 @@ def _recover(context: SensorEvaluationContext, conn, job_name: str, settings) ->
     return f"recovered {len(recovered)} dead run(s), {released} delivery(ies) due again; "
 
 
+def _measure_waking_parked_heads(
+    context: SensorEvaluationContext, conn, settings
+) -> tuple[str, Figures]:
+    """The figures, after making due the parked deliveries left heading their queue (born
+    parked while the delivery before them settled), when no run would come for other work:
+    they then wait a tick and a catch-up run, not for the nightly run. While there is other
+    work, the run it brings wakes them in its sweeps, and the tick spares the walk."""
+    measured = figures.measure(conn)
+    if measured.work_waiting(settings.enqueue_timeout_seconds):
+        return "", measured
+    woken = sweeps.sweep_wake_parked_heads(conn)
+    if not woken:
+        return "", measured
+    context.log.info(f"woke {woken} parked delivery(ies) heading their asset's queue")
+    return f"woke {woken} parked delivery(ies) heading their asset's queue; ", figures.measure(conn)
+
+
 def _decide(
     context: SensorEvaluationContext, job_name: str, f: figures.Figures, settings, trigger: str
 ) -> tuple[RunRequest | None, str]:
@@ -132,7 +150,8 @@ def build_delivery_lag_sensor(
         job=job,
         minimum_interval_seconds=interval_seconds,
         default_status=DefaultSensorStatus.RUNNING,
-        description="Recovers dead delivery runs; measures oldest due age, relay lag, expired "
+        description="Recovers dead delivery runs; makes due a parked delivery left heading its "
+        "asset's queue; measures oldest due age, relay lag, expired "
         "leases and dead letters; starts a catch-up run whenever there is work (due "
         "deliveries, expired leases, stale enqueues) and no delivery run is queued or in "
         "progress; alerts once per incident (MEDIA_HOOKS_ALERT_URL) and once when it clears. "
@@ -146,7 +165,8 @@ def build_delivery_lag_sensor(
         settings = delivery_settings.settings()
         with postgres.connection() as conn:
             recovered = _recover(context, conn, job.name, settings)
-            f = figures.measure(conn)
+            woken, f = _measure_waking_parked_heads(context, conn, settings)
+            recovered += woken
         previous = alerts.AlertState.loads(context.cursor)
         decision = alerts.decide(f, previous, alerts.Thresholds.from_env())
         delivered = _send_alerts(context, decision.messages)

@@ -32,6 +32,7 @@ from dagster import (
 
 from media_hooks import reconciler
 from media_hooks.cohort import Cohort
+from media_hooks.emit import Event, emit
 from media_hooks.errors import UserError
 from media_hooks.orchestration import definitions, run_workers, schedules, sensors
 from media_hooks.orchestration.definitions import deliver_webhooks_job
@@ -218,6 +219,34 @@ def test_expired_leases_and_stale_enqueues_are_work(own_instance, database_url, 
     )
     stale = _tick(own_instance, database_url, settings=quick).run_requests
     assert [r.tags["media_hooks/work"] for r in stale] == ["stale enqueues (oldest 120s)"]
+
+
+def test_a_parked_delivery_left_heading_its_queue_is_woken_and_caught_up(
+    own_instance, database_url, conn
+):
+    """A delivery born parked whose head settled while it was being recorded (the trigger could
+    not see it): nothing else is due, yet the next tick makes it due and asks for a run."""
+    add_destination(conn, "ordered", "http://127.0.0.1:9/ordered", ordering="asset")
+    head, second = (
+        emit(conn, Event("ordered", "a1", "rights.updated", {"revision": n})).delivery_id
+        for n in (1, 2)
+    )
+    # Its head leaves the queue without waking it, as when the trigger could not see it (the
+    # interleaving itself: test_ordering_born_parked.py).
+    conn.execute("ALTER TABLE webhook_delivery DISABLE TRIGGER webhook_delivery_release_queue_head")
+    conn.execute("UPDATE webhook_delivery SET state = 'succeeded' WHERE delivery_id = %s", (head,))
+    conn.execute("ALTER TABLE webhook_delivery ENABLE TRIGGER webhook_delivery_release_queue_head")
+
+    result = _tick(own_instance, database_url)
+    assert [
+        r.tags["media_hooks/work"].startswith("deliveries due") for r in result.run_requests
+    ] == [True]
+    assert _health(result).startswith("woke 1 parked delivery(ies) heading their asset's queue; ")
+    due = conn.execute(
+        "SELECT next_attempt_at <= now() AS due FROM webhook_delivery WHERE delivery_id = %s",
+        (second,),
+    ).fetchone()
+    assert due["due"]
 
 
 @pytest.fixture

@@ -173,7 +173,7 @@ FROM bad;
 -- description: dispatched deliveries (enqueued or leased) of a destination that orders by asset
 --   while an earlier delivery of the same asset is not terminal or is dead without being closed
 --   (webhook_delivery_enqueued and _lease, then the asset's queue, webhook_delivery_asset_queue:
---   the rule of media_hooks_may_claim_v1, migration 0011).
+--   the rule of media_hooks_held_by_v2, migration 0013).
 WITH bad AS (
     SELECT d.delivery_id
     FROM webhook_delivery AS d

@@ -8,7 +8,7 @@
 --   key stays delivery_id), invariant 7 (one bounded page). SKIP LOCKED lets reconcilers
 --   running at once divide the rows; disabled and paused destinations keep theirs pending.
 --   invariant 10: on an ordered destination only the head of an asset's queue is claimed
---   (media_hooks_may_claim_v1).
+--   (media_hooks_held_by_v2 returns no row for it).
 WITH due AS (
     SELECT d.delivery_id
     FROM webhook_delivery AS d
@@ -22,9 +22,12 @@ WITH due AS (
           WHERE w.destination_id = d.destination_id
             AND w.enabled
             AND (w.paused_until IS NULL OR w.paused_until <= now())
-            -- Per-asset order and latest-wins (migration 0011): true at once elsewhere.
-            AND media_hooks_may_claim_v1(w.ordering, w.coalescing, d.destination_id, d.asset_id,
-                                         d.event_type, d.created_at, d.emit_seq, d.delivery_id)
+            -- Per-asset order and latest-wins (migration 0013, inlined: index look-ups on
+            -- ordered or coalescing destinations, nothing elsewhere).
+            AND NOT EXISTS (
+                SELECT FROM media_hooks_held_by_v2(w.ordering, w.coalescing, d.destination_id,
+                                                   d.asset_id, d.event_type, d.created_at,
+                                                   d.emit_seq, d.delivery_id))
       )
     ORDER BY d.next_attempt_at, d.delivery_id
     LIMIT %(page_size)s
@@ -120,7 +123,7 @@ ORDER BY w.destination_id;
 --   destinations' rows, whatever the statistics (after plan_by_index, in the same
 --   transaction). A per-row eligibility rule is one more condition in the WHERE of `due`.
 --   invariant 10: on an ordered destination only the head of an asset's queue is claimed
---   (media_hooks_may_claim_v1).
+--   (media_hooks_held_by_v2 returns no row for it).
 WITH due AS (
     SELECT d.delivery_id
     FROM webhook_delivery AS d
@@ -135,9 +138,12 @@ WITH due AS (
           WHERE w.destination_id = d.destination_id
             AND w.enabled
             AND (w.paused_until IS NULL OR w.paused_until <= now())
-            -- Per-asset order and latest-wins (migration 0011): true at once elsewhere.
-            AND media_hooks_may_claim_v1(w.ordering, w.coalescing, d.destination_id, d.asset_id,
-                                         d.event_type, d.created_at, d.emit_seq, d.delivery_id)
+            -- Per-asset order and latest-wins (migration 0013, inlined: index look-ups on
+            -- ordered or coalescing destinations, nothing elsewhere).
+            AND NOT EXISTS (
+                SELECT FROM media_hooks_held_by_v2(w.ordering, w.coalescing, d.destination_id,
+                                                   d.asset_id, d.event_type, d.created_at,
+                                                   d.emit_seq, d.delivery_id))
       )
     ORDER BY d.next_attempt_at, d.delivery_id
     LIMIT %(page_size)s

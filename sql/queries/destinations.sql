@@ -78,7 +78,7 @@ ON CONFLICT (destination_id, pattern) DO NOTHING;
 
 -- name: destination_release_parked
 -- description: a destination that no longer orders by asset: its deliveries parked behind an
--- earlier one of their asset (sweep_park_held) are due again now.
+-- earlier one of their asset (born parked, or parked by an earlier release) are due again now.
 -- invariant 3: nothing stays parked once no rule holds it.
 UPDATE webhook_delivery
 SET next_attempt_at = now(),
@@ -87,6 +87,34 @@ SET next_attempt_at = now(),
 WHERE destination_id = %(destination_id)s
   AND state = 'pending'
   AND next_attempt_at >= timestamptz '9999-01-01 00:00:00+00';
+
+-- name: destination_park_held
+-- description: a destination that orders by asset: its due pending deliveries held behind an
+-- earlier open one of their asset are parked, as the emit statements record a held delivery
+-- now (sql/queries/emit.sql): those recorded before it ordered, or recorded due by an older
+-- release's emit. Otherwise each claim of the destination would read them again until they
+-- head their queues. Rows a worker or a trigger holds are left to it (SKIP LOCKED).
+-- keeps: invariant 3 (a parked delivery is made due when it heads its queue: by the trigger
+--   media_hooks_release_queue_head_v1, which waits for this statement's lock and then sees
+--   the parking, or by sweep_wake_parked_heads when its head left while this ran),
+--   invariant 10 (the claim's rule holds them, parked or not).
+WITH held AS (
+    SELECT d.delivery_id
+    FROM webhook_delivery AS d
+    WHERE d.destination_id = %(destination_id)s
+      AND d.state = 'pending'
+      AND d.next_attempt_at < timestamptz '9999-01-01 00:00:00+00'
+      AND EXISTS (SELECT FROM media_hooks_held_by_v2('asset', 'none', d.destination_id,
+                                                     d.asset_id, d.event_type, d.created_at,
+                                                     d.emit_seq, d.delivery_id))
+    FOR UPDATE OF d SKIP LOCKED
+)
+UPDATE webhook_delivery AS d
+SET next_attempt_at = parking.next_attempt_at,
+    wait_reason = parking.wait_reason,
+    updated_at = now()
+FROM media_hooks_parking_v2(true, now()) AS parking
+WHERE d.delivery_id = ANY (ARRAY(SELECT delivery_id FROM held));
 
 -- name: destination_enable
 -- description: turns a destination on and forgets why it was off.

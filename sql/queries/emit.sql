@@ -1,6 +1,17 @@
 -- Emit (media_hooks.emit): the producer records deliveries, one or a file at a time. A delivery
 -- is born pending and due now, with its request body serialized once. A delivery_id that is
 -- already recorded is left exactly as it is.
+--
+-- On a destination that orders by asset, a delivery held behind an earlier open one of its
+-- asset (recorded before it, in the producer's snapshot or earlier in the same statement) is
+-- born parked instead: next_attempt_at 9999-01-01, out of the claim's due scan, so that its
+-- first write is its last until it heads its queue (migration 0013). The producer only reads
+-- to decide this (no row lock, no wait on a worker). Parking is an optimisation: the claim's
+-- rule (media_hooks_held_by_v2) is what keeps the order. What wakes a parked delivery: the
+-- trigger media_hooks_release_queue_head_v1 when the delivery before it leaves the queue, and,
+-- for one whose predecessor left while the producer's transaction was still open (the trigger
+-- cannot see an uncommitted row), the sweep sweep_wake_parked_heads (each delivery run's
+-- sweeps, and each tick of the lag sensor).
 
 -- name: emit_one
 -- description: records one pending delivery unless its delivery_id was ever recorded; says
@@ -12,8 +23,10 @@
 -- wrote it; a recorded, or purged and tombstoned, id conflicts on delivery_identity's key, which
 -- also makes a concurrent purge or emit of the same id wait and then decide (migration 0005).
 -- invariant 2: payload and body are written once here and never updated.
+-- keeps: invariants 3 and 10: on an ordered destination, born parked when an earlier open
+--   delivery of its asset holds it (the top of this file: the trigger or the sweep wakes it).
 WITH destination AS (
-    SELECT destination_id
+    SELECT destination_id, ordering
     FROM webhook_destination
     WHERE destination_id = %(destination_id)s
 ),
@@ -23,16 +36,29 @@ identity AS (
     ON CONFLICT (delivery_id) DO NOTHING
     RETURNING delivery_id
 ),
+-- Its place in emission order, and whether an earlier open delivery of its asset holds it.
+born AS MATERIALIZED (
+    SELECT identity.delivery_id, destination.destination_id, numbered.emit_seq,
+           destination.ordering = 'asset' AND EXISTS (
+               SELECT FROM media_hooks_held_by_v2('asset', 'none', destination.destination_id,
+                                                  %(asset_id)s, %(event_type)s, now(),
+                                                  numbered.emit_seq, identity.delivery_id)
+           ) AS held
+    FROM identity
+    CROSS JOIN destination
+    CROSS JOIN (SELECT nextval('media_hooks_emit_seq') AS emit_seq) AS numbered
+),
 inserted AS (
     INSERT INTO webhook_delivery
         (delivery_id, destination_id, asset_id, event_type, payload, body,
-         created_at, updated_at, next_attempt_at, budget_started_at, emit_seq)
-    SELECT identity.delivery_id, destination.destination_id, %(asset_id)s, %(event_type)s,
+         created_at, updated_at, next_attempt_at, budget_started_at, emit_seq, wait_reason)
+    SELECT born.delivery_id, born.destination_id, %(asset_id)s, %(event_type)s,
            %(payload)s::jsonb,
            %(body_head)s::bytea || convert_to(media_hooks_rfc3339_v1(now()), 'UTF8')
                || %(body_tail)s::bytea,
-           now(), now(), now(), now(), nextval('media_hooks_emit_seq')
-    FROM identity CROSS JOIN destination
+           now(), now(), parking.next_attempt_at, now(), born.emit_seq, parking.wait_reason
+    FROM born
+    CROSS JOIN LATERAL media_hooks_parking_v2(born.held, now()) AS parking
     -- A row recorded by code older than 0005 has no identity row yet: it is kept as it is.
     ON CONFLICT (delivery_id) DO NOTHING
     RETURNING delivery_id
@@ -50,8 +76,10 @@ SELECT EXISTS (SELECT 1 FROM destination) AS destination_known,
 -- destinations it went to, and the stored event's type and asset (to refuse a reused id).
 -- invariants 1 and 8: as emit_one, identity rows first, deliveries only for ids they wrote.
 -- invariant 2: payload and body are written once here and never updated.
+-- keeps: invariants 3 and 10: a delivery to an ordered destination is born parked when an
+--   earlier open delivery of its asset holds it, as in emit_one.
 WITH targets AS (
-    SELECT w.destination_id,
+    SELECT w.destination_id, w.ordering,
            media_hooks_event_delivery_id_v1(%(event_id)s, w.destination_id) AS delivery_id
     FROM webhook_destination AS w
     WHERE media_hooks_subscribed_v1(w.destination_id, %(event_type)s)
@@ -69,16 +97,34 @@ identity AS (
     ON CONFLICT (delivery_id) DO NOTHING
     RETURNING delivery_id
 ),
+-- Each delivery's place in emission order (destinations in name order), and whether an
+-- earlier open delivery of the asset holds it there.
+numbered AS (
+    SELECT targets.*, nextval('media_hooks_emit_seq') AS emit_seq
+    FROM identity JOIN targets ON targets.delivery_id = identity.delivery_id
+    ORDER BY targets.destination_id
+),
+-- MATERIALIZED: held is computed once a row, not once for each column it decides.
+born AS MATERIALIZED (
+    SELECT numbered.*,
+           numbered.ordering = 'asset' AND EXISTS (
+               SELECT FROM media_hooks_held_by_v2('asset', 'none', numbered.destination_id,
+                                                  %(asset_id)s, %(event_type)s, now(),
+                                                  numbered.emit_seq, numbered.delivery_id)
+           ) AS held
+    FROM numbered
+),
 inserted AS (
     INSERT INTO webhook_delivery
         (delivery_id, destination_id, asset_id, event_type, payload, body,
-         created_at, updated_at, next_attempt_at, budget_started_at, emit_seq)
-    SELECT identity.delivery_id, targets.destination_id, %(asset_id)s, %(event_type)s,
+         created_at, updated_at, next_attempt_at, budget_started_at, emit_seq, wait_reason)
+    SELECT born.delivery_id, born.destination_id, %(asset_id)s, %(event_type)s,
            %(payload)s::jsonb,
            %(body_head)s::bytea || convert_to(media_hooks_rfc3339_v1(now()), 'UTF8')
                || %(body_tail)s::bytea,
-           now(), now(), now(), now(), nextval('media_hooks_emit_seq')
-    FROM identity JOIN targets ON targets.delivery_id = identity.delivery_id
+           now(), now(), parking.next_attempt_at, now(), born.emit_seq, parking.wait_reason
+    FROM born
+    CROSS JOIN LATERAL media_hooks_parking_v2(born.held, now()) AS parking
     ON CONFLICT (delivery_id) DO NOTHING
     RETURNING delivery_id
 )
@@ -155,6 +201,9 @@ LIMIT 1;
 -- (Unlike emit_one, which inserts the identity first, this keeps the bulk path's cost per row
 -- close to what it was before identities: one look-up into the tombstones, one insert.)
 -- invariant 2: payload and body are written once here and never updated.
+-- keeps: invariants 3 and 10: a delivery to an ordered destination is born parked when an
+--   earlier line of its asset in the file, or an earlier open delivery of its asset, holds it
+--   (as in emit_one).
 WITH clock AS (
     SELECT now() AS now, convert_to(media_hooks_rfc3339_v1(now()), 'UTF8') AS stamp
 ),
@@ -198,16 +247,40 @@ numbered AS (
     FROM wanted AS w
     ORDER BY w.ordinal, w.destination_id
 ),
+-- The lines for destinations that order by asset, those whose delivery_id is new (an id
+-- recorded before is not inserted again, so it holds nothing here), with each queue's first.
+ordered_new AS (
+    SELECT e.destination_id, e.asset_id, e.event_type, e.delivery_id, e.emit_seq,
+           min(e.emit_seq) OVER (PARTITION BY e.destination_id, e.asset_id) AS first_seq
+    FROM numbered AS e
+    JOIN webhook_destination AS w ON w.destination_id = e.destination_id AND w.ordering = 'asset'
+    WHERE NOT EXISTS (SELECT 1 FROM delivery_identity AS i WHERE i.delivery_id = e.delivery_id)
+),
+-- Held: behind an earlier line of its asset in this file, or behind an earlier open delivery
+-- of its asset in the producer's snapshot (only a queue's first line in the file can be not
+-- held, so only it is looked up).
+held AS (
+    SELECT o.emit_seq
+    FROM ordered_new AS o
+    CROSS JOIN clock
+    WHERE o.emit_seq > o.first_seq
+       OR EXISTS (SELECT FROM media_hooks_held_by_v2('asset', 'none', o.destination_id,
+                                                     o.asset_id, o.event_type, clock.now,
+                                                     o.emit_seq, o.delivery_id))
+),
 inserted AS (
     INSERT INTO webhook_delivery
         (delivery_id, destination_id, asset_id, event_type, payload, body,
-         created_at, updated_at, next_attempt_at, budget_started_at, emit_seq)
+         created_at, updated_at, next_attempt_at, budget_started_at, emit_seq, wait_reason)
     SELECT DISTINCT ON (e.delivery_id)
            e.delivery_id, e.destination_id, e.asset_id, e.event_type, e.payload::jsonb,
            e.body_head || clock.stamp || e.body_tail,
-           clock.now, clock.now, clock.now, clock.now, e.emit_seq
+           clock.now, clock.now, parking.next_attempt_at, clock.now, e.emit_seq,
+           parking.wait_reason
     FROM numbered AS e
     CROSS JOIN clock
+    LEFT JOIN held ON held.emit_seq = e.emit_seq
+    CROSS JOIN LATERAL media_hooks_parking_v2(held.emit_seq IS NOT NULL, clock.now) AS parking
     WHERE NOT EXISTS (SELECT 1 FROM delivery_identity AS i
                       WHERE i.delivery_id = e.delivery_id AND i.final_state IS NOT NULL)
     ORDER BY e.delivery_id, e.ordinal

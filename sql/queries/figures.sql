@@ -27,7 +27,7 @@ ORDER BY 1, 2;
 
 -- name: figures_dead_heads
 -- description: dead deliveries at the head of an asset's queue on an ordered destination that
--- hold later deliveries of their asset (media_hooks_may_claim_v1), oldest first, with how many
+-- hold later deliveries of their asset (media_hooks_held_by_v2), oldest first, with how many
 -- they hold: each waits for an operator's requeue or discard (index webhook_delivery_dead, then
 -- webhook_delivery_asset_queue per dead row).
 SELECT d.delivery_id, d.destination_id, d.asset_id, held.n AS holding
@@ -52,8 +52,11 @@ WITH clock AS (
 )
 SELECT
     clock.now AS measured_at,
-    -- Oldest due that could go out now: pending, due, destination enabled and not paused.
-    -- Walks webhook_delivery_due in order and stops at the first eligible row.
+    -- Oldest due that could go out now: pending, due, destination enabled and not paused, and
+    -- on an ordered destination not held behind an earlier delivery of its asset (one recorded
+    -- due while that was invisible to its producer is not work a run can do: counted, it
+    -- would start run after run behind a dead head). Walks webhook_delivery_due in order and
+    -- stops at the first eligible row.
     (SELECT d.next_attempt_at
        FROM webhook_delivery d
        JOIN webhook_destination w ON w.destination_id = d.destination_id
@@ -61,6 +64,10 @@ SELECT
         AND d.next_attempt_at <= clock.now
         AND w.enabled
         AND (w.paused_until IS NULL OR w.paused_until <= clock.now)
+        AND NOT EXISTS (SELECT FROM media_hooks_held_by_v2(w.ordering, 'none', d.destination_id,
+                                                           d.asset_id, d.event_type,
+                                                           d.created_at, d.emit_seq,
+                                                           d.delivery_id))
       ORDER BY d.next_attempt_at, d.delivery_id
       LIMIT 1) AS oldest_due_at,
     -- Oldest due of all, including those waiting on a paused or disabled destination.
@@ -119,7 +126,8 @@ ORDER BY a.outcome;
 
 -- name: figures_cohort_due
 -- description: whether any delivery of a cohort is due and sendable now (what a run would
--- claim): stops at the first such row of webhook_delivery_due.
+-- claim; on an ordered destination, not held behind an earlier delivery of its asset, as in
+-- figures_scalars): stops at the first such row of webhook_delivery_due.
 SELECT EXISTS (
     SELECT 1
     FROM webhook_delivery AS d
@@ -130,4 +138,7 @@ SELECT EXISTS (
                                 %(created_after)s, %(created_before)s)
       AND w.enabled
       AND (w.paused_until IS NULL OR w.paused_until <= now())
+      AND NOT EXISTS (SELECT FROM media_hooks_held_by_v2(w.ordering, 'none', d.destination_id,
+                                                         d.asset_id, d.event_type, d.created_at,
+                                                         d.emit_seq, d.delivery_id))
 ) AS due;

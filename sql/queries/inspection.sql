@@ -18,7 +18,7 @@ SELECT d.delivery_id, d.destination_id, d.asset_id, d.event_type, d.payload, d.s
 FROM webhook_delivery AS d
 JOIN webhook_destination AS w ON w.destination_id = d.destination_id
 -- On an ordered destination: the head of the asset's queue, when it is an earlier delivery; on
--- a coalescing one, an earlier one of the same type in flight (what media_hooks_may_claim_v1
+-- a coalescing one, an earlier one of the same type in flight (what media_hooks_held_by_v2
 -- holds this one behind; index webhook_delivery_asset_queue).
 LEFT JOIN LATERAL (
     SELECT e.delivery_id, e.state

@@ -46,76 +46,65 @@ moved AS (
 )
 SELECT count(*)::integer AS moved FROM moved;
 
--- name: sweep_park_held
--- description: On destinations with per-asset order, one page of the asset queues' open
---   deliveries (index webhook_delivery_asset_queue, in queue order, after the given key) is
---   scanned, and the due pending ones held behind an earlier open delivery of their asset (those
---   not first in their queue, then checked one by one) are parked: next_attempt_at 9999-01-01, out of the claim's due scan, until the trigger
---   media_hooks_release_queue_head_v1 makes them due when they head their queue. Parking only
---   spares the claim from passing over them: the claim's own rule (media_hooks_may_claim_v1)
---   holds them whether parked or not. Returns how many were parked and scanned, and the last key.
---   No wakeup is lost to a head that settles meanwhile (the trigger's update of the new head is
---   the wakeup): the candidate is locked (SKIP LOCKED: one a settling head's trigger is
---   updating is left unparked) and the earlier delivery FOR SHARE (SKIP LOCKED: one a worker is
---   settling does not count). A row changed after this statement's snapshot is checked in its
---   newest version, so nothing is parked behind a delivery that has left the queue; a head that
---   settles later waits for this statement's share lock, and its trigger then sees the parking.
---   This statement waits for no one, so it cannot deadlock with a worker.
--- keeps: invariant 3 (a parked delivery is released when it heads its queue), invariant 10.
-WITH page AS (
-    SELECT d.delivery_id, d.destination_id, d.asset_id, d.created_at, d.emit_seq
-    FROM webhook_destination AS w
-    JOIN webhook_delivery AS d ON d.destination_id = w.destination_id
-    WHERE w.ordering = 'asset'
-      AND d.state <> 'succeeded' AND d.closed_reason IS NULL
-      AND (d.destination_id, d.asset_id, d.created_at, d.emit_seq)
-          > (%(after_destination)s, %(after_asset)s, %(after_created_at)s, %(after_emit_seq)s)
-    ORDER BY d.destination_id, d.asset_id, d.created_at, d.emit_seq
+-- name: sweep_wake_parked_heads
+-- description: The safety net of born-parked deliveries (migration 0013, sql/queries/emit.sql):
+--   one page of asset queues that hold parked deliveries (index webhook_delivery_parked, in
+--   queue order, after the given queue), and of each queue its first parked delivery: when no
+--   earlier open delivery of its asset holds it (media_hooks_held_by_v2), or its destination no
+--   longer orders by asset, it heads its queue with nobody left to wake it, and is made due now.
+--   That happens when the delivery before it left the queue while the producer's transaction
+--   that recorded it parked was still open: the trigger media_hooks_release_queue_head_v1 ran
+--   in the settling transaction and could not see the uncommitted row. Such a delivery waits
+--   for the lag sensor's next tick or the next run's sweeps (they precede its claims), which
+--   run this. Returns how many were woken and how many queues were read, and the last queue.
+--   Only queues with parked deliveries are read, one index entry per parked delivery and one
+--   look-up per queue; nothing is written but the woken rows. A row a worker or a trigger holds
+--   is skipped (SKIP LOCKED: whoever holds it is changing it), and a delivery woken that is not
+--   in fact a head is still held by the claim's rule, so a race costs at most a pass of the
+--   claim, never the order.
+-- keeps: invariant 3 (a parked delivery is due again once it heads its queue), invariant 10
+--   (only the claim's rule sends; this only makes due).
+WITH heads AS (
+    SELECT DISTINCT ON (d.destination_id, d.asset_id)
+           d.delivery_id, d.destination_id, d.asset_id, d.created_at, d.emit_seq
+    FROM webhook_delivery AS d
+    WHERE d.state = 'pending'
+      AND d.next_attempt_at >= timestamptz '9999-01-01 00:00:00+00'
+      AND (d.destination_id, d.asset_id) > (%(after_destination)s, %(after_asset)s)
+    ORDER BY d.destination_id, d.asset_id, d.created_at, d.emit_seq NULLS FIRST, d.delivery_id
     LIMIT %(limit_rows)s
 ),
--- Every row of the index is open, so a row with one before it in its queue (in this page, or
--- the previous page's last) may be held; the first of a queue never is. Only these are read.
-scanned AS (
-    SELECT p.*,
-           coalesce(lag(p.destination_id) OVER queue, %(after_destination)s) AS before_destination,
-           coalesce(lag(p.asset_id) OVER queue, %(after_asset)s) AS before_asset
-    FROM page AS p
-    WINDOW queue AS (ORDER BY p.destination_id, p.asset_id, p.created_at, p.emit_seq)
-),
-held AS (
+orphans AS (
     SELECT d.delivery_id
     FROM webhook_delivery AS d
-    WHERE d.delivery_id = ANY (ARRAY(SELECT delivery_id FROM scanned
-                                     WHERE (before_destination, before_asset)
-                                           = (destination_id, asset_id)))
+    WHERE d.delivery_id = ANY (ARRAY(
+              SELECT h.delivery_id
+              FROM heads AS h
+              JOIN webhook_destination AS w ON w.destination_id = h.destination_id
+              WHERE w.ordering <> 'asset'
+                 OR NOT EXISTS (
+                     SELECT FROM media_hooks_held_by_v2('asset', 'none', h.destination_id,
+                                                        h.asset_id, '', h.created_at,
+                                                        h.emit_seq, h.delivery_id))))
       AND d.state = 'pending'
-      AND d.next_attempt_at <= now()
-      AND EXISTS (
-          SELECT 1 FROM webhook_delivery AS e
-          WHERE e.destination_id = d.destination_id AND e.asset_id = d.asset_id
-            AND e.state <> 'succeeded' AND e.closed_reason IS NULL
-            AND (e.created_at, coalesce(e.emit_seq, 0), e.delivery_id)
-                < (d.created_at, coalesce(d.emit_seq, 0), d.delivery_id)
-          FOR SHARE OF e SKIP LOCKED
-      )
+      AND d.next_attempt_at >= timestamptz '9999-01-01 00:00:00+00'
     FOR UPDATE OF d SKIP LOCKED
 ),
-parked AS (
+woken AS (
     UPDATE webhook_delivery AS d
-    SET next_attempt_at = timestamptz '9999-01-01 00:00:00+00',
-        wait_reason = 'held behind an earlier delivery of its asset (ordered destination)',
+    SET next_attempt_at = now(),
+        wait_reason = 'released by the sweep: nothing earlier of its asset is open',
         updated_at = now()
-    WHERE d.delivery_id = ANY (ARRAY(SELECT delivery_id FROM held))
+    WHERE d.delivery_id = ANY (ARRAY(SELECT delivery_id FROM orphans))
     RETURNING d.delivery_id
 ),
 last AS (
-    SELECT destination_id, asset_id, created_at, emit_seq FROM page
-    ORDER BY destination_id DESC, asset_id DESC, created_at DESC, emit_seq DESC LIMIT 1
+    SELECT destination_id, asset_id FROM heads
+    ORDER BY destination_id DESC, asset_id DESC LIMIT 1
 )
-SELECT (SELECT count(*) FROM parked)::integer AS moved,
-       (SELECT count(*) FROM page)::integer AS scanned,
-       last.destination_id AS after_destination, last.asset_id AS after_asset,
-       last.created_at AS after_created_at, last.emit_seq AS after_emit_seq
+SELECT (SELECT count(*) FROM woken)::integer AS moved,
+       (SELECT count(*) FROM heads)::integer AS scanned,
+       last.destination_id AS after_destination, last.asset_id AS after_asset
 FROM (SELECT 1) AS one LEFT JOIN last ON true;
 
 -- name: sweep_superseded
@@ -124,7 +113,7 @@ FROM (SELECT 1) AS one LEFT JOIN last ON true;
 --   recorded reason 'superseded' and the newest one's id (closed_by). During a publisher's
 --   outage a backlog of revisions collapses to the newest. A delivery in flight is not touched:
 --   if it comes back pending, a later sweep closes it (the newer one waits for it meanwhile,
---   media_hooks_may_claim_v1).
+--   media_hooks_held_by_v2).
 -- keeps: invariant 3 (the delivery ends terminal, with its reason), invariant 1 (nothing is
 --   sent under another id). Each newer look-up reads one asset's open queue
 --   (webhook_delivery_asset_queue).

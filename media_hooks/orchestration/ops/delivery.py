@@ -163,7 +163,7 @@ def prepare(
             "swept_stale_enqueues": swept.stale_enqueues,
             "breaker_disabled": swept.breaker_disabled,
             "superseded": swept.superseded,
-            "parked_held": swept.parked,
+            "woken_parked_heads": swept.woken_heads,
             "requeued_dead": requeued,
             "cohort": MetadataValue.json(cohort.describe()),
             "seconds": MetadataValue.float(time.monotonic() - started),

@@ -417,8 +417,6 @@ class _BatchWorker:
         # lease never sent); and the permits of finished requests, handed back with the next ask.
         self.finished: list[tuple[Outcome, AttemptResult | None]] = []
         self.returned_slots: list[int] = []
-        # How late (seconds) the latest starts left after their moment, told at the next ask.
-        self.late = 0.0
         self.wait_started: float | None = None
         # Set when the database refused the outcomes outright: not tried again on the way out.
         self.record_refused = False
@@ -502,7 +500,6 @@ class _BatchWorker:
         if not offered:
             return rate_limits.Grant(), 0
         returned, self.returned_slots = self.returned_slots, []
-        late = self.late if self.late > rate_limits.LATE_REPORT_SECONDS else 0.0
         try:
             step = self._db(
                 "lease with permits",
@@ -513,13 +510,11 @@ class _BatchWorker:
                 holder=self.holder,
                 lease_seconds=self.lease_seconds,
                 release_slots=returned,
-                late_seconds=late,
             )
         except BaseException:
             self.returned_slots = returned + self.returned_slots  # not handed back after all
             raise
         answered = time.monotonic()
-        self.late = 0.0
         for _ in range(step.examined):
             self.waiting.popleft()
         self.counts.skipped += step.examined - len(step.leases)
@@ -535,7 +530,6 @@ class _BatchWorker:
             if _wait_for_start(self.stop, start_at):
                 break  # stopped: the loop hands the unsent leases back
             future = self.executor.submit(_send, self.sender, lease)
-            self.late = max(self.late, time.monotonic() - start_at)
             self.in_flight[future] = (lease, slot)
             self.unsent.pop(0)
         return step.grant, step.examined

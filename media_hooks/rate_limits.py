@@ -49,10 +49,6 @@ _MIN_SLEEP_SECONDS = 0.001
 # at one interval of the rate): more than a worker's wake-up and round trip on a busy host, so
 # its next ask arrives before the start is due.
 AHEAD_SECONDS = 0.05
-# A worker that sent a start later than this after its moment tells the limiter at its next
-# ask (the bucket's timeline moves as much later, so the starts after it keep their distance);
-# less is the ordinary cost of a wake-up, which the receiver's arrival jitter covers.
-LATE_REPORT_SECONDS = 0.002
 
 
 @dataclass(frozen=True)

@@ -266,11 +266,6 @@ $$;
 -- so a lease that waited on a lock neither spends the starts of the time it waited nor sends
 -- them on top of the next grant. Each row's start_in says how many seconds after the statement
 -- ends its request may start (0: at once); retry_in counts from then too.
--- p_late_seconds says how late the worker sent its starts since its last step, if late
--- enough to matter: the bucket's timeline moves that much later before the grant, so the
--- starts after a late one keep their distance from it instead of bunching up behind it (the
--- receiver would see more than burst + rate * t in the window). The rate loses what the worker
--- was late; a start promised ahead before the report keeps its moment.
 -- keeps: the rate limits (no lease without a permit; no permit kept without a lease; every
 --   leased start at or after its moment on the bucket's timeline) and invariants 3, 4, 5 and 9
 --   (media_hooks_lease_v2).
@@ -281,7 +276,6 @@ CREATE FUNCTION media_hooks_lease_with_permits_v3(
     p_slot_poll_seconds double precision,
     p_disabled_poll_seconds double precision,
     p_ahead_seconds double precision,
-    p_late_seconds double precision,
     p_release integer[],
     p_run_id text,
     p_delivery_ids text[],
@@ -310,13 +304,6 @@ DECLARE
     offsets double precision[];
     since_lease double precision;
 BEGIN
-    IF p_late_seconds > 0 THEN
-        PERFORM media_hooks_lock_limiter_v1(p_destination_id);
-        UPDATE destination_limiter AS l
-           SET level = l.level + d.rate_per_second * p_late_seconds
-          FROM webhook_destination AS d
-         WHERE l.destination_id = p_destination_id AND d.destination_id = p_destination_id;
-    END IF;
     SELECT * INTO permit
       FROM media_hooks_acquire_permits_v2(
           p_destination_id, cardinality(p_delivery_ids), p_holder, p_hold_seconds,

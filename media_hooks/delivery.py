@@ -417,6 +417,8 @@ class _BatchWorker:
         # lease never sent); and the permits of finished requests, handed back with the next ask.
         self.finished: list[tuple[Outcome, AttemptResult | None]] = []
         self.returned_slots: list[int] = []
+        # The database's clock here: when to send a start granted for a moment on it.
+        self.clock = rate_limits.DatabaseClock()
         self.wait_started: float | None = None
         # Set when the database refused the outcomes outright: not tried again on the way out.
         self.record_refused = False
@@ -519,7 +521,8 @@ class _BatchWorker:
             self.waiting.popleft()
         self.counts.skipped += step.examined - len(step.leases)
         ends = answered + self.lease_seconds
-        starts = [answered + seconds for seconds in step.grant.start_in]
+        self.clock.observe(step.grant.answered_at, answered)
+        starts = [self.clock.monotonic_at(at) for at in step.grant.start_at]
         self.unsent = list(zip(step.leases, step.grant.slots, starts, strict=True))
         for lease in step.leases:
             self.lease_ends[lease.delivery_id] = ends

@@ -264,8 +264,10 @@ $$;
 -- messages no longer theirs to send, and count the leased starts from the moment the lease is
 -- made (0009): the grant's starts are withdrawn and the leased ones scheduled again from then,
 -- so a lease that waited on a lock neither spends the starts of the time it waited nor sends
--- them on top of the next grant. Each row's start_in says how many seconds after the statement
--- ends its request may start (0: at once); retry_in counts from then too.
+-- them on top of the next grant. Each row's start_at is the moment its request may start, on
+-- the database's clock; answered_at is that clock as the statement ends (the worker maps the
+-- one clock onto its own with it: media_hooks.rate_limits.DatabaseClock), and retry_in counts
+-- from then.
 -- keeps: the rate limits (no lease without a permit; no permit kept without a lease; every
 --   leased start at or after its moment on the bucket's timeline) and invariants 3, 4, 5 and 9
 --   (media_hooks_lease_v2).
@@ -282,7 +284,8 @@ CREATE FUNCTION media_hooks_lease_with_permits_v3(
     p_message_ids text[]
 )
 RETURNS TABLE (examined integer, granted_at timestamptz, retry_in double precision, reason text,
-               slot integer, start_in double precision, delivery_id text, message_id text,
+               slot integer, start_at timestamptz, answered_at timestamptz,
+               delivery_id text, message_id text,
                lease_token uuid, attempt_no integer, budget_used integer, body bytea)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -302,7 +305,6 @@ DECLARE
     leased_at timestamptz;
     empty_in double precision;
     offsets double precision[];
-    since_lease double precision;
 BEGIN
     SELECT * INTO permit
       FROM media_hooks_acquire_permits_v2(
@@ -314,6 +316,7 @@ BEGIN
     retry_in := permit.retry_in;
     reason := permit.reason;
     IF granted = 0 THEN
+        answered_at := clock_timestamp();
         RETURN NEXT;
         RETURN;
     END IF;
@@ -347,10 +350,11 @@ BEGIN
        SET level = media_hooks_level_after_v1(empty_in, rate, p_ahead_seconds, used),
            level_at = leased_at
      WHERE l.destination_id = p_destination_id;
-    since_lease := extract(epoch FROM clock_timestamp() - leased_at)::double precision;
+    answered_at := clock_timestamp();
     IF reason = 'rate' THEN
         retry_in := greatest(
-            media_hooks_rate_wait_v1(empty_in, rate, burst, p_ahead_seconds, used) - since_lease,
+            media_hooks_rate_wait_v1(empty_in, rate, burst, p_ahead_seconds, used)
+            - extract(epoch FROM answered_at - leased_at)::double precision,
             0);
     END IF;
 
@@ -360,7 +364,7 @@ BEGIN
     END IF;
     FOR i IN 1 .. used LOOP
         slot := permit.slots[i];
-        start_in := greatest(offsets[i] - since_lease, 0);
+        start_at := leased_at + make_interval(secs => offsets[i]);
         delivery_id := leased_ids[i];
         message_id := leased_messages[i];
         lease_token := tokens[i];

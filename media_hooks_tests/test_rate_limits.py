@@ -400,6 +400,16 @@ def test_the_database_clock_is_mapped_by_the_fastest_recent_answer():
     assert clock.monotonic_at(later) == pytest.approx(112.010, abs=1e-6)
 
 
+def test_a_calibrated_clock_maps_the_databases_moments_never_early(conn):
+    clock = rate_limits.DatabaseClock()
+    clock.calibrate(conn)
+    before = time.monotonic()
+    (read,) = conn.execute("SELECT clock_timestamp() AS now").fetchone().values()
+    after = time.monotonic()
+    # The database read its clock between before and after; mapped, it is never earlier.
+    assert before <= clock.monotonic_at(read) <= after + 0.05
+
+
 def test_without_ahead_every_start_is_at_once(limited):
     grant = acquire(limited, DEST, 3, "h", 30)
     assert grant.start_in == [0.0, 0.0, 0.0]

@@ -691,7 +691,7 @@ class _BatchWorker:
         failure: BaseException | None = None
         try:
             self._refresh_destination()
-            self.clock.calibrate(self.conn)
+            self._db("read the database's clock", self.clock.calibrate)
             self._loop()
         except BaseException as exc:
             failure = exc

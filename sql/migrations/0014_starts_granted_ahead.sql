@@ -77,9 +77,12 @@ CREATE FUNCTION media_hooks_starts_allowed_v1(
 )
 RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT greatest(floor(p_burst + p_rate * (media_hooks_horizon_v1(p_ahead, p_rate)
-                                              - media_hooks_restart_in_v1(p_empty_in, p_rate, p_ahead))
-                          + 1e-9)::integer, 0)
+    SELECT greatest(
+        floor(p_burst
+              + p_rate * (media_hooks_horizon_v1(p_ahead, p_rate)
+                          - media_hooks_restart_in_v1(p_empty_in, p_rate, p_ahead))
+              + 1e-9)::integer,
+        0)
 $$;
 
 -- When each of p_count starts of a grant may go out, in seconds after it: 0 for those allowed

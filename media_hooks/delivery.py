@@ -236,13 +236,6 @@ def not_sent(lease: Lease, why: BaseException) -> Outcome:
     )
 
 
-def _wait_for_start(stop: threading.Event, start_at: float) -> bool:
-    """Wait until ``start_at`` (``time.monotonic()``), the moment the limiter granted the
-    request's start for (it may grant a start a little ahead); True if ``stop`` was set first."""
-    delay = start_at - time.monotonic()
-    return delay > 0 and stop.wait(delay)
-
-
 def _send(sender: Sender, lease: Lease) -> AttemptResult:
     """One request; a sender that raises (a bug) is an ambiguous attempt: the request may have
     gone out, so it is retried with the same key and the attempt says why."""
@@ -530,12 +523,27 @@ class _BatchWorker:
             crashpoints.hit(crashpoints.AFTER_LEASE_BEFORE_REQUEST)
         while self.unsent:
             lease, slot, start_at = self.unsent[0]
-            if _wait_for_start(self.stop, start_at):
-                break  # stopped: the loop hands the unsent leases back
+            if self._wait_for_start(start_at) or self.stopped is not None:
+                break  # the loop hands the unsent leases back
             future = self.executor.submit(_send, self.sender, lease)
             self.in_flight[future] = (lease, slot)
             self.unsent.pop(0)
         return step.grant, step.examined
+
+    def _wait_for_start(self, start_at: float) -> bool:
+        """Wait until ``start_at`` (``time.monotonic()``), the moment the limiter granted a
+        start for (it may grant one a little ahead), taking and recording meanwhile whatever
+        finishes or falls due; True if the run was stopped first."""
+        while (left := start_at - time.monotonic()) > 0:
+            bound = self._wait_bound(rate_limits.Grant())
+            timeout = left if bound is None else min(left, bound)
+            if self.in_flight:
+                self._collect(timeout=timeout)
+            elif self.stop.wait(timeout):
+                return True
+            elif self._record_due():
+                self._record()
+        return self.stop.is_set()
 
     def _take(self, future: Future, lease: Lease, slot: int) -> None:
         result = future.result()

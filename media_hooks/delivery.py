@@ -240,13 +240,6 @@ def not_sent(lease: Lease, why: BaseException) -> Outcome:
     )
 
 
-def _wait_for_start(stop: threading.Event, start_at: float) -> bool:
-    """Wait until ``start_at`` (``time.monotonic()``), the moment the limiter granted the
-    request's start for (it may grant a start a little ahead); True if ``stop`` was set first."""
-    delay = start_at - time.monotonic()
-    return delay > 0 and stop.wait(delay)
-
-
 def _send(sender: Sender, lease: Lease) -> AttemptResult:
     """One request; a sender that raises (a bug) is an ambiguous attempt: the request may have
     gone out, so it is retried with the same key and the attempt says why."""
@@ -421,8 +414,8 @@ class _BatchWorker:
         # lease never sent); and the permits of finished requests, handed back with the next ask.
         self.finished: list[tuple[Outcome, AttemptResult | None]] = []
         self.returned_slots: list[int] = []
-        # How late (seconds) the latest starts left after their moment, told at the next ask.
-        self.late = 0.0
+        # The database's clock here: when to send a start granted for a moment on it.
+        self.clock = rate_limits.DatabaseClock()
         self.wait_started: float | None = None
         # The last answer of the limiter, and when (monotonic) asking again is worth a round
         # trip (_ask_delay): a request finishing before then does not make the worker ask.
@@ -510,7 +503,6 @@ class _BatchWorker:
         if not offered:
             return rate_limits.Grant(), 0
         returned, self.returned_slots = self.returned_slots, []
-        late = self.late if self.late > rate_limits.LATE_REPORT_SECONDS else 0.0
         try:
             step = self._db(
                 "lease with permits",
@@ -521,20 +513,19 @@ class _BatchWorker:
                 holder=self.holder,
                 lease_seconds=self.lease_seconds,
                 release_slots=returned,
-                late_seconds=late,
             )
         except BaseException:
             self.returned_slots = returned + self.returned_slots  # not handed back after all
             raise
         answered = time.monotonic()
-        self.late = 0.0
         for _ in range(step.examined):
             self.waiting.popleft()
         self.counts.skipped += step.examined - len(step.leases)
         self.grant = step.grant
         self.next_ask_at = answered + self._ask_delay(step.grant)
         ends = answered + self.lease_seconds
-        starts = [answered + seconds for seconds in step.grant.start_in]
+        self.clock.observe(step.grant.answered_at, answered)
+        starts = [self.clock.monotonic_at(at) for at in step.grant.start_at]
         self.unsent = list(zip(step.leases, step.grant.slots, starts, strict=True))
         for lease in step.leases:
             self.lease_ends[lease.delivery_id] = ends
@@ -542,13 +533,27 @@ class _BatchWorker:
             crashpoints.hit(crashpoints.AFTER_LEASE_BEFORE_REQUEST)
         while self.unsent:
             lease, slot, start_at = self.unsent[0]
-            if _wait_for_start(self.stop, start_at):
-                break  # stopped: the loop hands the unsent leases back
+            if self._wait_for_start(start_at) or self.stopped is not None:
+                break  # the loop hands the unsent leases back
             future = self.executor.submit(_send, self.sender, lease)
-            self.late = max(self.late, time.monotonic() - start_at)
             self.in_flight[future] = (lease, slot)
             self.unsent.pop(0)
         return step.grant, step.examined
+
+    def _wait_for_start(self, start_at: float) -> bool:
+        """Wait until ``start_at`` (``time.monotonic()``), the moment the limiter granted a
+        start for (it may grant one a little ahead), taking and recording meanwhile whatever
+        finishes or falls due; True if the run was stopped first."""
+        while (left := start_at - time.monotonic()) > 0:
+            bound = self._wait_bound(rate_limits.Grant())
+            timeout = left if bound is None else min(left, bound)
+            if self.in_flight:
+                self._collect(timeout=timeout)
+            elif self.stop.wait(timeout):
+                return True
+            elif self._record_due():
+                self._record()
+        return self.stop.is_set()
 
     def _take(self, future: Future, lease: Lease, slot: int) -> None:
         result = future.result()
@@ -724,6 +729,7 @@ class _BatchWorker:
         failure: BaseException | None = None
         try:
             self._refresh_destination()
+            self._db("read the database's clock", self.clock.calibrate)
             self._loop()
         except BaseException as exc:
             failure = exc

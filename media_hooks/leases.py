@@ -137,14 +137,11 @@ def lease_with_permits(
     holder: str,
     lease_seconds: float,
     release_slots: list[int],
-    late_seconds: float = 0.0,
 ) -> LeaseStep:
     """One round trip: return ``release_slots``, take up to ``len(offered)`` permits, lease
     that many of ``offered`` (the first ones), and refund the permits of those no longer
     theirs to send (a stale dispatch spends no start token). A start may be granted up to
-    ``rate_limits.AHEAD_SECONDS`` ahead: ``grant.start_in`` says when each lease may be sent.
-    ``late_seconds``: how late the caller sent its last starts (the limiter's timeline moves as
-    much later first)."""
+    ``rate_limits.AHEAD_SECONDS`` ahead: ``grant.start_at`` says when each lease may be sent."""
     rows = conn.execute(
         query("lease_with_permits"),
         {
@@ -154,7 +151,6 @@ def lease_with_permits(
             "slot_poll_seconds": rate_limits.SLOT_POLL_SECONDS,
             "disabled_poll_seconds": rate_limits.DISABLED_POLL_SECONDS,
             "ahead_seconds": rate_limits.AHEAD_SECONDS,
-            "late_seconds": late_seconds,
             "release_slots": release_slots,
             "run_id": run_id,
             "delivery_ids": [m.delivery_id for m in offered],
@@ -165,10 +161,11 @@ def lease_with_permits(
     leased = [r for r in rows if r["delivery_id"] is not None]
     grant = rate_limits.Grant(
         slots=[r["slot"] for r in leased],
-        start_in=[float(r["start_in"]) for r in leased],
+        start_at=[r["start_at"] for r in leased],
         retry_in=float(first["retry_in"]),
         reason=first["reason"],
         granted_at=first["granted_at"],
+        answered_at=first["answered_at"],
     )
     return LeaseStep(grant, first["examined"], [_lease(r) for r in leased])
 

@@ -13,10 +13,11 @@ A paused (429, 503 with Retry-After) or disabled destination grants nothing to a
 
 A start may be granted a little ahead of its moment (``ahead_seconds``, at most one interval of
 the rate: one start at most is ever promised ahead), and then says when its request may start
-(``Grant.start_in``). The bucket's timeline is then exact: a sender that asks a little early and
-starts at that moment loses none of the rate to its own wake-up and round trip, which a burst
-of 1 (no stored credit) would otherwise lose for good, and the receiver still sees at most
-``burst + rate * t`` (migration 0014).
+(``Grant.start_at``, on the database's clock; ``DatabaseClock`` maps it onto this process's).
+The bucket's timeline is then exact: a sender that asks a little early and starts at that
+moment loses none of the rate to its own wake-up and round trip, which a burst of 1 (no stored
+credit) would otherwise lose for good, and the receiver still sees at most ``burst + rate * t``
+(migration 0014).
 
 Both ceilings of a destination live on its one limiter row (migration 0002): every grant,
 release and pause serializes on it for one short statement. So ``acquire`` and ``release``
@@ -27,9 +28,10 @@ until that transaction ended.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import psycopg
 from psycopg import errors, pq
@@ -49,10 +51,6 @@ _MIN_SLEEP_SECONDS = 0.001
 # at one interval of the rate): more than a worker's wake-up and round trip on a busy host, so
 # its next ask arrives before the start is due.
 AHEAD_SECONDS = 0.05
-# A worker that sent a start later than this after its moment tells the limiter at its next
-# ask (the bucket's timeline moves as much later, so the starts after it keep their distance);
-# less is the ordinary cost of a wake-up, which the receiver's arrival jitter covers.
-LATE_REPORT_SECONDS = 0.002
 
 
 @dataclass(frozen=True)
@@ -62,19 +60,68 @@ class Grant:
     ``retry_in`` (seconds) and ``reason`` say, when fewer than wanted were granted, when asking
     again is worth it and why: ``"disabled"``, ``"paused until <UTC time> (<why>)"``,
     ``"rate"`` or ``"in flight"``. ``granted_at`` is the database clock of the decision.
-    ``start_in`` says, per slot, how many seconds after the answer arrived its request may start
-    (0: at once); a request never starts earlier.
+    ``start_at`` says, per slot, the moment its request may start (never earlier), on the
+    database's clock, which read ``answered_at`` as the answer left.
     """
 
     slots: list[int] = field(default_factory=list)
-    start_in: list[float] = field(default_factory=list)
+    start_at: list[datetime] = field(default_factory=list)
     retry_in: float = 0.0
     reason: str | None = None
     granted_at: datetime | None = None
+    answered_at: datetime | None = None
 
     @property
     def granted(self) -> int:
         return len(self.slots)
+
+    @property
+    def start_in(self) -> list[float]:
+        """Per slot, seconds from the answer until its request may start (0: at once)."""
+        return [max((at - self.answered_at).total_seconds(), 0.0) for at in self.start_at]
+
+
+class DatabaseClock:
+    """The database's clock on this process's ``time.monotonic()``: when to send a start that
+    the limiter granted for a moment on its clock.
+
+    Every answer bounds the two clocks' offset: the database read its clock before the answer
+    arrived, so (arrival here - the database's reading) is at least the offset. The least of
+    the recent ones (``WINDOW_SECONDS``, so a stepped clock is followed) is the closest: a
+    start is never sent before its moment, and an answer that was slow to arrive (a busy
+    host, the commit) does not make the start late, as counting from the answer's arrival
+    would, which put it on top of the next start, sent on time.
+    """
+
+    WINDOW_SECONDS = 10.0
+    # Round trips that read the database's clock before the first grant: one slow answer (a
+    # run's start keeps its host busy) would make the first starts late.
+    CALIBRATION_ROUNDS = 5
+
+    def __init__(self) -> None:
+        # (arrival, offset) with offsets rising from left to right: the least is the first.
+        self._offsets: deque[tuple[float, float]] = deque()
+
+    def observe(self, database_time: datetime, arrived: float) -> None:
+        """An answer that left the database at ``database_time`` arrived at ``arrived``."""
+        offset = arrived - database_time.timestamp()
+        while self._offsets and self._offsets[-1][1] >= offset:
+            self._offsets.pop()
+        self._offsets.append((arrived, offset))
+        while self._offsets[0][0] < arrived - self.WINDOW_SECONDS:
+            self._offsets.popleft()
+
+    def calibrate(self, conn: psycopg.Connection) -> None:
+        """Read the database's clock a few times (outside any transaction: ``clock_timestamp``
+        in an idle session)."""
+        with conn.cursor(row_factory=tuple_row) as cur:
+            for _ in range(self.CALIBRATION_ROUNDS):
+                (database_time,) = cur.execute(query("database_clock")).fetchone()
+                self.observe(database_time, time.monotonic())
+
+    def monotonic_at(self, database_time: datetime) -> float:
+        """``database_time`` on this process's monotonic clock (needs one ``observe`` first)."""
+        return database_time.timestamp() + self._offsets[0][1]
 
 
 def _check_request(destination_id: str, want: int, holder: str, hold_seconds: float) -> None:
@@ -137,7 +184,7 @@ def acquire(
     ``conn`` must be outside any transaction (autocommit, or idle). ``release_slots`` are freed
     first, in the same round trip (as ``release`` would). With ``ahead_seconds`` a start due
     within that long (at most one interval of the rate) is granted now: the caller must not
-    start its request before ``start_in`` has passed.
+    start its request before ``start_at`` (``start_in`` seconds after the answer).
     """
     _check_request(destination_id, want, holder, hold_seconds)
     if not ahead_seconds >= 0:
@@ -159,10 +206,11 @@ def acquire(
     )
     return Grant(
         slots=list(slots),
-        start_in=[float(s) for s in starts],
+        start_at=[granted_at + timedelta(seconds=s) for s in starts],
         retry_in=float(retry_in),
         reason=reason,
         granted_at=granted_at,
+        answered_at=granted_at,
     )
 
 

@@ -348,15 +348,15 @@ def test_an_exception_while_a_start_granted_ahead_waits_hands_its_permit_back(
     # delivery's start is granted well before its moment, however busy the host.
     monkeypatch.setattr(rate_limits, "AHEAD_SECONDS", 0.5)
     waits: list[float] = []
-    wait_for_start = delivery_module._wait_for_start
+    wait_for_start = delivery_module._BatchWorker._wait_for_start
 
-    def failing(stop: threading.Event, start_at: float) -> bool:
+    def failing(worker, start_at: float) -> bool:
         waits.append(start_at - time.monotonic())
         if len(waits) == 2:
             raise Injected("injected while waiting for a start")
-        return wait_for_start(stop, start_at)
+        return wait_for_start(worker, start_at)
 
-    monkeypatch.setattr(delivery_module, "_wait_for_start", failing)
+    monkeypatch.setattr(delivery_module._BatchWorker, "_wait_for_start", failing)
     with Receiver() as receiver:
         add_destination(conn, "cdn", url=receiver.url, max_in_flight=2, rate_per_second=1, burst=1)
         add_deliveries(conn, "cdn", 2)

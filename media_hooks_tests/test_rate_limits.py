@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -381,6 +381,33 @@ def test_at_most_one_start_is_granted_ahead(limited):
     assert second.slots == [4]
     assert second.start_in == [pytest.approx(1.5 - since, abs=1e-6)]
     assert (second.reason, second.retry_in) == ("rate", pytest.approx(1.5 - since, abs=1e-6))
+
+
+def test_the_database_clock_is_mapped_by_the_fastest_recent_answer():
+    """A start granted for a moment on the database's clock is sent at that moment here: by the
+    answer that arrived soonest after the database read its clock (the others were slowed on
+    the way), and only among the recent ones, so a stepped clock is followed."""
+    clock = rate_limits.DatabaseClock()
+    read = datetime(2026, 1, 1, tzinfo=UTC)
+    clock.observe(read, arrived=100.030)  # 30 ms on the way
+    clock.observe(read + timedelta(seconds=1), arrived=101.002)  # 2 ms: the closest
+    clock.observe(read + timedelta(seconds=2), arrived=102.040)
+    moment = read + timedelta(seconds=2.5)
+    assert clock.monotonic_at(moment) == pytest.approx(100.002 + 2.5, abs=1e-6)
+    # Beyond the window the 2 ms answer is forgotten; the least since then counts.
+    later = read + timedelta(seconds=12)
+    clock.observe(later, arrived=112.010)
+    assert clock.monotonic_at(later) == pytest.approx(112.010, abs=1e-6)
+
+
+def test_a_calibrated_clock_maps_the_databases_moments_never_early(conn):
+    clock = rate_limits.DatabaseClock()
+    clock.calibrate(conn)
+    before = time.monotonic()
+    (read,) = conn.execute("SELECT clock_timestamp() AS now").fetchone().values()
+    after = time.monotonic()
+    # The database read its clock between before and after; mapped, it is never earlier.
+    assert before <= clock.monotonic_at(read) <= after + 0.05
 
 
 def test_without_ahead_every_start_is_at_once(limited):

@@ -622,39 +622,3 @@ def test_a_lease_that_waited_on_a_lock_counts_its_starts_from_when_it_leased(con
     since = (step_b.grant.granted_at - released_at).total_seconds()
     assert len(step_b.leases) <= int(2 * since), (len(step_b.leases), since)
     assert step_b.grant.reason == "rate"
-
-
-def _bucket_empties_at(conn) -> float:
-    """The limiter's theoretical arrival time for cdn: when its bucket of starts is empty."""
-    row = conn.execute(
-        "SELECT extract(epoch FROM l.level_at)::float8 + l.level / d.rate_per_second AS at "
-        "FROM destination_limiter l JOIN webhook_destination d USING (destination_id)"
-    ).fetchone()
-    return row["at"]
-
-
-def test_a_worker_that_sent_late_moves_the_next_start_as_much_later(conn):
-    """Migration 0014: a worker tells its next step how late its last starts left; the bucket's
-    timeline moves that much later before the grant, so the next start keeps its distance from
-    the late one instead of bunching up behind it."""
-    first, second = _dispatch(conn, count=2, rate_per_second=1, burst=1, max_in_flight=10)
-    step = leases.lease_with_permits(
-        conn, "run-1", "cdn", [first], holder="a", lease_seconds=90, release_slots=[]
-    )
-    assert len(step.leases) == 1
-    before = _bucket_empties_at(conn)
-
-    late = leases.lease_with_permits(
-        conn,
-        "run-1",
-        "cdn",
-        [second],
-        holder="a",
-        lease_seconds=90,
-        release_slots=[],
-        late_seconds=0.3,
-    )
-
-    assert (late.leases, late.grant.reason) == ([], "rate")
-    assert _bucket_empties_at(conn) - before == pytest.approx(0.3, abs=1e-6)
-    assert late.grant.retry_in > 0.3

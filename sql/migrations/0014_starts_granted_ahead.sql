@@ -77,9 +77,12 @@ CREATE FUNCTION media_hooks_starts_allowed_v1(
 )
 RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT greatest(floor(p_burst + p_rate * (media_hooks_horizon_v1(p_ahead, p_rate)
-                                              - media_hooks_restart_in_v1(p_empty_in, p_rate, p_ahead))
-                          + 1e-9)::integer, 0)
+    SELECT greatest(
+        floor(p_burst
+              + p_rate * (media_hooks_horizon_v1(p_ahead, p_rate)
+                          - media_hooks_restart_in_v1(p_empty_in, p_rate, p_ahead))
+              + 1e-9)::integer,
+        0)
 $$;
 
 -- When each of p_count starts of a grant may go out, in seconds after it: 0 for those allowed
@@ -264,13 +267,10 @@ $$;
 -- messages no longer theirs to send, and count the leased starts from the moment the lease is
 -- made (0009): the grant's starts are withdrawn and the leased ones scheduled again from then,
 -- so a lease that waited on a lock neither spends the starts of the time it waited nor sends
--- them on top of the next grant. Each row's start_in says how many seconds after the statement
--- ends its request may start (0: at once); retry_in counts from then too.
--- p_late_seconds says how late the worker sent its starts since its last step, if late
--- enough to matter: the bucket's timeline moves that much later before the grant, so the
--- starts after a late one keep their distance from it instead of bunching up behind it (the
--- receiver would see more than burst + rate * t in the window). The rate loses what the worker
--- was late; a start promised ahead before the report keeps its moment.
+-- them on top of the next grant. Each row's start_at is the moment its request may start, on
+-- the database's clock; answered_at is that clock as the statement ends (the worker maps the
+-- one clock onto its own with it: media_hooks.rate_limits.DatabaseClock), and retry_in counts
+-- from then.
 -- keeps: the rate limits (no lease without a permit; no permit kept without a lease; every
 --   leased start at or after its moment on the bucket's timeline) and invariants 3, 4, 5 and 9
 --   (media_hooks_lease_v2).
@@ -281,14 +281,14 @@ CREATE FUNCTION media_hooks_lease_with_permits_v3(
     p_slot_poll_seconds double precision,
     p_disabled_poll_seconds double precision,
     p_ahead_seconds double precision,
-    p_late_seconds double precision,
     p_release integer[],
     p_run_id text,
     p_delivery_ids text[],
     p_message_ids text[]
 )
 RETURNS TABLE (examined integer, granted_at timestamptz, retry_in double precision, reason text,
-               slot integer, start_in double precision, delivery_id text, message_id text,
+               slot integer, start_at timestamptz, answered_at timestamptz,
+               delivery_id text, message_id text,
                lease_token uuid, attempt_no integer, budget_used integer, body bytea)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -308,15 +308,7 @@ DECLARE
     leased_at timestamptz;
     empty_in double precision;
     offsets double precision[];
-    since_lease double precision;
 BEGIN
-    IF p_late_seconds > 0 THEN
-        PERFORM media_hooks_lock_limiter_v1(p_destination_id);
-        UPDATE destination_limiter AS l
-           SET level = l.level + d.rate_per_second * p_late_seconds
-          FROM webhook_destination AS d
-         WHERE l.destination_id = p_destination_id AND d.destination_id = p_destination_id;
-    END IF;
     SELECT * INTO permit
       FROM media_hooks_acquire_permits_v2(
           p_destination_id, cardinality(p_delivery_ids), p_holder, p_hold_seconds,
@@ -327,6 +319,7 @@ BEGIN
     retry_in := permit.retry_in;
     reason := permit.reason;
     IF granted = 0 THEN
+        answered_at := clock_timestamp();
         RETURN NEXT;
         RETURN;
     END IF;
@@ -360,10 +353,11 @@ BEGIN
        SET level = media_hooks_level_after_v1(empty_in, rate, p_ahead_seconds, used),
            level_at = leased_at
      WHERE l.destination_id = p_destination_id;
-    since_lease := extract(epoch FROM clock_timestamp() - leased_at)::double precision;
+    answered_at := clock_timestamp();
     IF reason = 'rate' THEN
         retry_in := greatest(
-            media_hooks_rate_wait_v1(empty_in, rate, burst, p_ahead_seconds, used) - since_lease,
+            media_hooks_rate_wait_v1(empty_in, rate, burst, p_ahead_seconds, used)
+            - extract(epoch FROM answered_at - leased_at)::double precision,
             0);
     END IF;
 
@@ -373,7 +367,7 @@ BEGIN
     END IF;
     FOR i IN 1 .. used LOOP
         slot := permit.slots[i];
-        start_in := greatest(offsets[i] - since_lease, 0);
+        start_at := leased_at + make_interval(secs => offsets[i]);
         delivery_id := leased_ids[i];
         message_id := leased_messages[i];
         lease_token := tokens[i];

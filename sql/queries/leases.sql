@@ -42,10 +42,10 @@ FROM media_hooks_lease_v2(%(run_id)s, %(delivery_ids)s, %(message_ids)s, %(lease
 --   up to ahead_seconds, at most one interval of the rate, before its moment), lease as many of
 --   the offered messages as permits were granted (the first ones), and give back the permits of
 --   offered messages that were no longer theirs to send. One row per lease with its slot and
---   start_in (seconds after the statement until its request may start); a single row with
---   empty lease columns when nothing was leased. Every row carries how many offered messages
---   were used up (leased or found stale) and when and why to ask again. late_seconds (how late
---   the worker sent its last starts) moves the bucket's timeline that much later first.
+--   start_at (the moment its request may start, on the database's clock); a single row with
+--   empty lease columns when nothing was leased. Every row carries answered_at (the database's
+--   clock as the statement ends), how many offered messages were used up (leased or found
+--   stale) and when and why to ask again.
 -- keeps: the rate limits (no lease without a permit, no permit kept without a lease: a stale
 --   message spends no start token; a start counts from the moment it may start, and never
 --   before its lease is made, however long the lease waited on a lock) and invariants 3, 4, 5
@@ -53,7 +53,7 @@ FROM media_hooks_lease_v2(%(run_id)s, %(delivery_ids)s, %(message_ids)s, %(lease
 SELECT *
 FROM media_hooks_lease_with_permits_v3(
     %(destination_id)s, %(holder)s, %(hold_seconds)s, %(slot_poll_seconds)s,
-    %(disabled_poll_seconds)s, %(ahead_seconds)s, %(late_seconds)s, %(release_slots)s, %(run_id)s,
+    %(disabled_poll_seconds)s, %(ahead_seconds)s, %(release_slots)s, %(run_id)s,
     %(delivery_ids)s, %(message_ids)s);
 
 -- name: record_outcomes

@@ -41,3 +41,8 @@ SELECT held.slot_no::integer AS slot_no,
        unnest(l.slot_until, l.slot_holder) WITH ORDINALITY AS held (held_until, holder_key, slot_no)
  WHERE l.destination_id = %(destination_id)s AND held.held_until > clock_timestamp()
  ORDER BY held.slot_no
+
+-- name: database_clock
+-- description: the database's clock now, for a worker that sends starts at moments on it
+-- (media_hooks.rate_limits.DatabaseClock); reads nothing else.
+SELECT clock_timestamp() AS now

@@ -27,7 +27,6 @@ not be retried (retrying the step would leave them to lease expiry and hide the 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections import deque
@@ -80,9 +79,6 @@ DEFAULT_PAGE_SIZE = 500
 RECORD_BATCH = 100
 RECORD_MAX_DELAY_SECONDS = 0.2
 GATHER_SECONDS = 0.002
-# How late an ask may arrive without costing a start: the room a worker leaves in the bucket
-# when it waits for several starts to ask for them together (_BatchWorker._ask_delay).
-ASK_LATENESS_SECONDS = 0.025
 # A running batch reads its destination again at every page and at least this often.
 REFRESH_SECONDS = 5.0
 # Outcomes are retried until this long before the first of their leases ends.
@@ -602,20 +598,18 @@ class _BatchWorker:
     def _ask_delay(self, grant: rate_limits.Grant) -> float:
         """How long after this answer the next ask is worth its round trip.
 
-        Bound by the rate, the worker waits until several starts are due instead of the next
+        Bound by the rate, the worker waits until a burst of starts is due instead of the next
         one alone: each ask costs the limiter and the database about as much as the leases it
-        takes (at 50/s, one start an ask is 50 asks a second). It waits until the bucket holds
-        all but ``ASK_LATENESS_SECONDS`` of its burst, so that an ask arriving that late still
-        finds room and no start is lost; the starts taken together stay within burst + rate·t.
-        Bound by requests in flight, a request of its own finishing is the moment to ask too
-        (_collect).
+        takes (one start an ask is 50 asks a second at 50/s). It is never late for them: the
+        limiter grants a start up to one interval ahead of its moment (migration 0014), so an
+        ask arriving up to that late still finds every start of the burst; the starts taken
+        together stay within burst + rate·t. Bound by requests in flight, a request of its own
+        finishing is the moment to ask too (_collect).
         """
         if grant.reason != "rate" or self.destination is None:
             return grant.retry_in if grant.reason else 0.0
-        rate, burst = self.destination.rate_per_second, self.destination.burst
-        room = burst - math.ceil(rate * ASK_LATENESS_SECONDS)
-        together = max(min(room, len(self.waiting)), 1)
-        return grant.retry_in + (together - 1) / rate
+        together = max(min(self.destination.burst, len(self.waiting)), 1)
+        return grant.retry_in + (together - 1) / self.destination.rate_per_second
 
     def _wait_bound(self, grant: rate_limits.Grant) -> float | None:
         """How long to wait for a request to finish: until a permit is worth asking for, and

@@ -197,6 +197,37 @@ def test_in_flight_never_exceeds_the_destination_ceiling(conn, pool, settings):
         assert receiver.max_in_flight == 3
 
 
+def test_a_rate_bound_worker_asks_for_a_burst_at_a_time_and_stays_within_the_envelope(
+    conn, pool, settings, monkeypatch
+):
+    """Each ask of the limiter costs a database round trip: a worker bound by the rate asks
+    when a burst of starts is due, not once per start or per finished request; the starts
+    still never exceed burst + rate·t at the receiver (20 ms of arrival jitter allowed)."""
+    rate, burst, count = 40.0, 4, 48
+    asks: list[int] = []
+    real = leases.lease_with_permits
+
+    def counted(*args, **kwargs):
+        step = real(*args, **kwargs)
+        asks.append(len(step.leases))
+        return step
+
+    monkeypatch.setattr(leases, "lease_with_permits", counted)
+    with Receiver(reply=Reply(delay_seconds=0.1)) as receiver:
+        add_destination(
+            conn, "cdn", url=receiver.url, max_in_flight=20, rate_per_second=rate, burst=burst
+        )
+        add_deliveries(conn, "cdn", count)
+        assert deliver_due(pool, "run-1", settings).totals.succeeded == count
+        starts = sorted(r.arrived_monotonic for r in receiver.requests)
+    # One start an ask would be 48 asks; a burst an ask is 12, and a few spare for the ends.
+    assert sum(asks) == count
+    assert len(asks) <= count // burst + 4, asks
+    for i, first in enumerate(starts):
+        for j in range(i + 1, len(starts)):
+            assert j - i + 1 <= burst + rate * (starts[j] - first + 0.02), (i, j)
+
+
 def _deliver_in_pages(conn, pool, settings, page_size: int) -> DeliveryCounts:
     """Claim everything due for run-1 and deliver its one batch, the relay handing over pages
     of ``page_size`` messages."""

@@ -47,6 +47,11 @@ def data_folder(home: Path) -> Path:
 def _server(home: Path):
     wheel = _wheel()
     home.mkdir(parents=True, exist_ok=True)
+    # The wheel makes a missing data folder before it takes its lock, and refuses one that
+    # exists by then: two first uses at once could both find it missing, and one failed
+    # ("File exists"). Made here, where a race is harmless, the wheel finds it and initializes it
+    # under its lock as it would have.
+    data_folder(home).mkdir(exist_ok=True)
     # cleanup_mode=None: the server outlives this process, for the next command to reuse.
     return wheel.get_server(data_folder(home), cleanup_mode=None)
 

@@ -600,11 +600,11 @@ class _BatchWorker:
 
         Bound by the rate, the worker waits until a burst of starts is due instead of the next
         one alone: each ask costs the limiter and the database about as much as the leases it
-        takes (one start an ask is 50 asks a second at 50/s). It is never late for them: the
-        limiter grants a start up to one interval ahead of its moment (migration 0014), so an
-        ask arriving up to that late still finds every start of the burst; the starts taken
-        together stay within burst + rate·t. Bound by requests in flight, a request of its own
-        finishing is the moment to ask too (_collect).
+        takes (one start an ask is 50 asks a second at 50/s). Waiting for the burst loses no
+        start: the limiter grants a start a little ahead of its moment (up to 50 ms, at most
+        one interval: migration 0014), so an ask arriving up to that late still finds every
+        start of the burst; the starts taken together stay within burst + rate·t. Bound by
+        requests in flight, a request of its own finishing is the moment to ask too (_collect).
         """
         if grant.reason != "rate" or self.destination is None:
             return grant.retry_in if grant.reason else 0.0

@@ -153,12 +153,14 @@ class _Route:
         }
         if self.proxied:
             return self.manager.urlopen("POST", self.url, **options)
-        if self._pool is None:
+        pool = self._pool
+        if pool is None:
             # Parsed on first use, so a URL urllib3 cannot use fails as that send's outcome.
-            parsed = urllib3.util.parse_url(self.url)
-            self._pool = self.manager.connection_from_url(self.url)
-            self._target = parsed.request_uri
-        return self._pool.urlopen("POST", self._target, assert_same_host=False, **options)
+            # Threads racing here get the same pool (the manager keeps one per host); the
+            # target is set before the pool, which is what says both are.
+            self._target = urllib3.util.parse_url(self.url).request_uri
+            pool = self._pool = self.manager.connection_from_url(self.url)
+        return pool.urlopen("POST", self._target, assert_same_host=False, **options)
 
     def close(self) -> None:
         self.manager.clear()

@@ -47,8 +47,9 @@ DEFAULT_RETRY_AFTER_CAP_SECONDS = 3600.0
 
 _RETRYABLE_4XX = frozenset({408, 425})
 _DELTA_SECONDS = re.compile(r"^\d+(\.\d+)?$")
-# A URL the transport cannot use (no host, an unknown scheme, a malformed proxy setting).
-_UNSENDABLE = (urllib3.exceptions.LocationValueError, urllib3.exceptions.ProxySchemeUnknown)
+# A URL the transport cannot use: no host, an unknown scheme, a proxy setting it cannot use
+# (ProxySchemeUnknown is one of these).
+_UNSENDABLE = (urllib3.exceptions.LocationValueError,)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -123,25 +124,43 @@ def _tls_options() -> dict[str, str]:
 
 class _Route:
     """Where a destination's requests go: straight to its host's pool (the peer checked at
-    connect unless private addresses are allowed), or through the environment's proxy."""
+    connect unless private addresses are allowed), or through the environment's proxy.
+
+    The proxy is looked up here, once; the transport is made on first use, so that a URL or a
+    proxy setting urllib3 cannot use (a SOCKS proxy, no scheme) is each send's outcome, not a
+    failure of the worker building its sender.
+    """
 
     def __init__(self, url: str, allow_private: bool, max_in_flight: int) -> None:
         self.url = url
-        options: dict[str, Any] = {"num_pools": 1, "maxsize": max(1, max_in_flight)}
-        options.update(_tls_options())
-        proxy = requests.utils.select_proxy(url, requests.utils.get_environ_proxies(url))
-        self.proxied = proxy is not None
-        if self.proxied:
-            self.manager: urllib3.PoolManager = urllib3.ProxyManager(proxy, **options)
-        else:
-            self.manager = urllib3.PoolManager(**options)
-            if not allow_private:
-                self.manager.pool_classes_by_scheme = _GUARDED_POOLS
+        self._proxy = requests.utils.select_proxy(url, requests.utils.get_environ_proxies(url))
+        self.proxied = self._proxy is not None
+        self._allow_private = allow_private
+        self._max_in_flight = max(1, max_in_flight)
+        self._lock = threading.Lock()
+        self._manager: urllib3.PoolManager | None = None
         self._pool: urllib3.connectionpool.HTTPConnectionPool | None = None
         self._target = ""
 
+    def _connect(self) -> urllib3.PoolManager:
+        with self._lock:  # the destination's threads all send at once when a run starts
+            if self._manager is None:
+                options: dict[str, Any] = {"num_pools": 1, "maxsize": self._max_in_flight}
+                options.update(_tls_options())
+                if self.proxied:
+                    manager = urllib3.ProxyManager(self._proxy, **options)
+                else:
+                    manager = urllib3.PoolManager(**options)
+                    if not self._allow_private:
+                        manager.pool_classes_by_scheme = _GUARDED_POOLS
+                    self._target = urllib3.util.parse_url(self.url).request_uri
+                    self._pool = manager.connection_from_url(self.url)
+                self._manager = manager  # last: it says the pool and target are set
+            return self._manager
+
     def open(self, body: bytes, headers: dict[str, str], timeout: urllib3.Timeout):
         """POST ``body``; the answer's body is left unread. Raises urllib3's errors."""
+        manager = self._manager or self._connect()
         options = {
             "body": body,
             "headers": headers,
@@ -152,18 +171,12 @@ class _Route:
             "decode_content": False,
         }
         if self.proxied:
-            return self.manager.urlopen("POST", self.url, **options)
-        pool = self._pool
-        if pool is None:
-            # Parsed on first use, so a URL urllib3 cannot use fails as that send's outcome.
-            # Threads racing here get the same pool (the manager keeps one per host); the
-            # target is set before the pool, which is what says both are.
-            self._target = urllib3.util.parse_url(self.url).request_uri
-            pool = self._pool = self.manager.connection_from_url(self.url)
-        return pool.urlopen("POST", self._target, assert_same_host=False, **options)
+            return manager.urlopen("POST", self.url, **options)
+        return self._pool.urlopen("POST", self._target, assert_same_host=False, **options)
 
     def close(self) -> None:
-        self.manager.clear()
+        if self._manager is not None:
+            self._manager.clear()
 
 
 def _now() -> datetime:

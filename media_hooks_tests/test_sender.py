@@ -327,6 +327,22 @@ def test_through_a_proxy_the_guard_checks_the_destination_name(receiver, monkeyp
     assert proxy.request_count == 0
 
 
+def test_an_unusable_proxy_setting_is_each_sends_retryable_outcome(receiver, monkeypatch) -> None:
+    """A proxy the transport cannot use (a SOCKS proxy, no scheme) is the environment's fault:
+    each send says so as a retryable attempt that sent nothing; the sender is still built, so
+    the worker records it instead of failing its batch."""
+    rx = receiver()
+    for name in ("no_proxy", "NO_PROXY", "HTTP_PROXY", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("http_proxy", "socks5://127.0.0.1:1080")
+    with sender_for(rx.url + "hook") as sender:
+        results = [sender.send(f"dlv_socks_{n}", BODY) for n in range(2)]
+    assert [(r.outcome, r.request_sent) for r in results] == [(RETRYABLE, False)] * 2
+    assert all(r.error.startswith("invalid request: ") for r in results)
+    assert "socks5" in results[0].error
+    assert rx.request_count == 0
+
+
 def test_crash_point_after_the_receiver_accepted(receiver) -> None:
     rx = receiver()
     code = (

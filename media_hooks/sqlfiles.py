@@ -64,7 +64,14 @@ class Migration:
 
 def load_migrations() -> list[Migration]:
     """Every migration, in version order, with its directives read."""
-    return [migration(version, name, text) for version, name, text in migrations()]
+    return list(_loaded_migrations())
+
+
+@cache
+def _loaded_migrations() -> tuple[Migration, ...]:
+    # The files ship with the code: read and split once per process, not on every check that
+    # the schema is current (a delivery run makes one per step).
+    return tuple(migration(version, name, text) for version, name, text in migrations())
 
 
 def migration(version: int, name: str, text: str) -> Migration:

@@ -1,8 +1,9 @@
 """``media-hooks``: the command line (CONTRACT.md, "Command line").
 
-Each command group is a module ``media_hooks/cli/*_commands.py`` with ``register(subparsers)``,
-found by name; a command's handler takes the
-parsed arguments and returns an exit status. User mistakes are one line on stderr and exit 2,
+Each command is a module ``media_hooks/cli/NAME_commands.py`` whose ``register(subparsers)``
+adds the command ``NAME``, found by name; a command line that names a command loads only that
+module (a command starts with its own imports, not every command's). A command's handler takes
+the parsed arguments and returns an exit status. User mistakes are one line on stderr and exit 2,
 environment failures one line and exit 1; neither prints a stack trace.
 """
 
@@ -19,16 +20,27 @@ from collections.abc import Iterator, Sequence
 
 import psycopg
 
+from media_hooks.cli.loading import collector_paused, own_process
 from media_hooks.errors import RuntimeFailure, UserError, first_line
 
+_MODULE_SUFFIX = "_commands"
 
-def _command_groups() -> list:
-    """Every ``media_hooks.cli.*_commands`` module, in name order."""
+
+def _command_names() -> list[str]:
+    """Every command, by its module ``media_hooks.cli.NAME_commands``, in name order."""
     package = importlib.import_module("media_hooks.cli")
-    names = sorted(
-        m.name for m in pkgutil.iter_modules(package.__path__) if m.name.endswith("_commands")
+    return sorted(
+        m.name.removesuffix(_MODULE_SUFFIX)
+        for m in pkgutil.iter_modules(package.__path__)
+        if m.name.endswith(_MODULE_SUFFIX)
     )
-    return [importlib.import_module(f"media_hooks.cli.{name}") for name in names]
+
+
+def _named_command(argv: Sequence[str]) -> str | None:
+    """The command a command line names, when its first word is one (else None: the whole
+    parser then answers `--help`, a misspelt command or none with every command listed)."""
+    first = argv[0] if argv else None
+    return first if first in _command_names() else None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,15 +62,16 @@ def subcommands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse
                 yield from subcommands(sub)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of ``command`` alone."""
     parser = _Parser(
         prog="media-hooks",
         description="Deliver media-pipeline webhooks to rate-limited publishers through a "
         "PostgreSQL transactional outbox, orchestrated by Dagster.",
     )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for group in _command_groups():
-        group.register(commands)
+    for name in [command] if command else _command_names():
+        importlib.import_module(f"media_hooks.cli.{name}{_MODULE_SUFFIX}").register(commands)
     # `media-hooks COMMAND --help` opens with what the command does: its one-line help, unless
     # the command gives a longer description of its own.
     for summary, sub in subcommands(parser):
@@ -68,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:
+        own_process()
     code = _run(argv)
     if argv is None:
         # The process ends now (the console script, `python -m media_hooks.cli`). Its last
@@ -82,7 +97,10 @@ def _run(argv: Sequence[str] | None) -> int:
     # terminating <psycopg.Copy [BAD]>"); the one line below says what failed.
     logging.getLogger("psycopg").addHandler(logging.NullHandler())
     try:
-        args = build_parser().parse_args(argv)
+        words = sys.argv[1:] if argv is None else argv
+        with collector_paused():
+            parser = build_parser(_named_command(words))
+        args = parser.parse_args(words)
         return int(args.handler(args) or 0)
     except (UserError, RuntimeFailure) as exc:
         print(f"media-hooks: {exc}", file=sys.stderr)

@@ -84,6 +84,14 @@ def was_interrupted(result: JobExecutionResult) -> bool:
     )
 
 
+def summary_of(result: JobExecutionResult) -> RunSummary | None:
+    """The run's summary, as ``summarize_run`` recorded it in its output's metadata."""
+    for event in result.events_for_node("summarize_run"):
+        if event.is_successful_output:
+            return RunSummary(**event.step_output_data.metadata["summary"].value)
+    return None
+
+
 def delivery_run_config(
     config: dict[str, Any],
     *,
@@ -117,19 +125,20 @@ def execute_delivery(
     run_config = delivery_run_config(
         config or {}, execution=execution, resources=resources, log_level=log_level
     )
-    with execute_job(
+    # Not opened as a context manager: that sets up the run's resources again, to load outputs
+    # (the summary is read from the events instead).
+    result = execute_job(
         reconstructable(deliver_webhooks_job),
         instance=instance,
         run_config=run_config,
         tags=tags,
         raise_on_error=False,
-    ) as result:
-        summary = result.output_for_node("summarize_run") if result.success else None
-        return DeliveryRun(
-            run_id=result.run_id,
-            success=result.success,
-            summary=summary,
-            failure=failure_of(result),
-            canceled=was_canceled(result),
-            interrupted=was_interrupted(result),
-        )
+    )
+    return DeliveryRun(
+        run_id=result.run_id,
+        success=result.success,
+        summary=summary_of(result) if result.success else None,
+        failure=failure_of(result),
+        canceled=was_canceled(result),
+        interrupted=was_interrupted(result),
+    )

@@ -6,7 +6,7 @@ page answers "what did this run claim, send, retry, give up on, and where are it
 
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from dagster import (
     Backoff,
@@ -336,5 +336,7 @@ def summarize_run(
             "rows_of_this_run": MetadataValue.md(rows_of_run(context.run_id)),
             "due_destinations": prepared.due_destinations,
             "steps": len(results),
+            # Whole, for programs (`media-hooks run` reads it back from the event log).
+            "summary": MetadataValue.json(asdict(summary)),
         },
     )

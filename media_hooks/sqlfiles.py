@@ -70,7 +70,7 @@ def load_migrations() -> list[Migration]:
 @cache
 def _loaded_migrations() -> tuple[Migration, ...]:
     # The files ship with the code: read and split once per process, not on every check that
-    # the schema is current (a delivery run makes one per step).
+    # the schema is current (a delivery run makes several).
     return tuple(migration(version, name, text) for version, name, text in migrations())
 
 

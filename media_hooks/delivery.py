@@ -297,24 +297,37 @@ class BatchPages:
 
 
 class RowBudget:
-    """The most rows a run claims, shared by the workers of its destinations (None: no cap)."""
+    """The most rows a run claims, shared by the workers of its destinations (None: no cap).
+
+    A claim reserves up to a page of rows before it runs and settles afterwards, handing back
+    what its page came back short by. A worker that finds the budget spent waits while claims
+    are still reserving rows: one of them may hand rows back, and a worker that gave up at
+    that moment would leave the run short of its cap while its destination still had work."""
 
     def __init__(self, rows: int | None) -> None:
         self._left = rows
-        self._lock = threading.Lock()
+        self._reserved = 0
+        self._settled = threading.Condition()
 
     def take(self, wanted: int) -> int:
-        with self._lock:
+        """Reserve up to ``wanted`` rows for one claim (0: the budget is spent for good)."""
+        with self._settled:
             if self._left is None:
                 return wanted
+            self._settled.wait_for(lambda: self._left > 0 or self._reserved == 0)
             granted = min(wanted, self._left)
             self._left -= granted
+            self._reserved += granted
             return granted
 
-    def give_back(self, rows: int) -> None:
-        with self._lock:
-            if self._left is not None:
-                self._left += rows
+    def settle(self, reserved: int, claimed: int) -> None:
+        """A claim that reserved ``reserved`` rows ended having claimed ``claimed``."""
+        with self._settled:
+            if self._left is None:
+                return
+            self._reserved -= reserved
+            self._left += reserved - claimed
+            self._settled.notify_all()
 
 
 class DuePages:
@@ -346,14 +359,13 @@ class DuePages:
         if size == 0:
             self.done = True
             return []
+        page: list[Message] = []
         try:
             page = reconciler.claim_destination_page(
                 conn, self.run_id, self.destination_id, self.cohort, size
             )
-        except BaseException:
-            self.budget.give_back(size)
-            raise
-        self.budget.give_back(size - len(page))
+        finally:
+            self.budget.settle(size, len(page))
         self.claimed += len(page)
         self.done = len(page) < size
         db.retrying("publish page", lambda: leases.publish_messages(conn, page))

@@ -623,3 +623,57 @@ def test_a_stopped_run_hands_back_what_it_holds_at_once(conn, pool, settings):
         "AND wait_reason IS NOT NULL"
     ).fetchall()
     assert [r["wait_reason"] for r in waiting] == ["due again: run run-1 was stopped"]
+
+
+class _AskCountingBudget(delivery_module.RowBudget):
+    """A run's row budget that signals the second time a worker asks it for rows."""
+
+    def __init__(self, rows: int) -> None:
+        super().__init__(rows)
+        self.asks = 0
+        self.second_ask = threading.Event()
+
+    def take(self, wanted: int) -> int:
+        self.asks += 1
+        if self.asks == 2:
+            self.second_ask.set()
+        return super().take(wanted)
+
+
+def test_a_worker_asking_while_a_claim_runs_gets_what_that_claim_hands_back(
+    conn, pool, monkeypatch
+):
+    """A run capped at 4 rows: beta's claim reserves all 4 and comes back with its 2 due rows.
+    Alpha asks for rows while that claim runs (paused there until alpha has asked): it gets
+    the 2 beta hands back, instead of stopping with none and leaving the run 2 short."""
+    for name, count in (("alpha", 4), ("beta", 2)):
+        add_destination(conn, name, url="http://127.0.0.1:9/" + name)
+        add_deliveries(conn, name, count)
+    budget = _AskCountingBudget(4)
+    beta_claiming = threading.Event()
+    claim = delivery_module.reconciler.claim_destination_page
+
+    def beta_paused_until_alpha_asks(claim_conn, run_id, destination_id, cohort, size):
+        if destination_id == "beta":
+            beta_claiming.set()
+            assert budget.second_ask.wait(15), "alpha never asked for rows"
+        return claim(claim_conn, run_id, destination_id, cohort, size)
+
+    monkeypatch.setattr(
+        delivery_module.reconciler, "claim_destination_page", beta_paused_until_alpha_asks
+    )
+    pages = {
+        d: delivery_module.DuePages("run-1", d, Cohort(), 100, budget) for d in ("alpha", "beta")
+    }
+    with pool.connection() as beta_conn, pool.connection() as alpha_conn:
+        with in_background(lambda: pages["beta"].next_page(beta_conn)) as beta:
+            assert beta_claiming.wait(15)
+            alpha = pages["alpha"].next_page(alpha_conn)
+        assert len(beta.result()) == 2
+    assert len(alpha) == 2
+    assert budget.take(100) == 0
+    leased = conn.execute(
+        "SELECT destination_id, count(*) AS n FROM webhook_delivery "
+        "WHERE state <> 'pending' GROUP BY destination_id ORDER BY destination_id"
+    ).fetchall()
+    assert [(r["destination_id"], r["n"]) for r in leased] == [("alpha", 2), ("beta", 2)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 from dagster import DagsterEventType, ReexecutionOptions, execute_job, reconstructable
 
 from media_hooks import crashpoints, sweeps
@@ -140,6 +141,7 @@ def test_a_rate_limited_destination_does_not_delay_another(instance, database_ur
     assert max(arrivals["fast"]) < max(arrivals["slow"]) - 2.0
 
 
+@pytest.mark.one_server
 def test_reexecution_from_failure_sends_no_succeeded_delivery_twice(
     instance, database_url, conn, receiver, monkeypatch
 ):

@@ -123,6 +123,7 @@ def test_a_killed_run_leaves_nothing_stuck_for_the_next(
     assert receiver.accepted_ids == set(ids)
 
 
+@pytest.mark.one_server
 def test_max_seconds_stops_a_run_waiting_for_a_pool_slot(env, conn, own_instance, pool_of_one):
     add_destination(conn, "cdn", "http://127.0.0.1:9/cdn")
     add_deliveries(conn, "cdn", 4)
@@ -161,6 +162,7 @@ def test_max_seconds_stops_a_run_waiting_for_a_pool_slot(env, conn, own_instance
     assert [p.run_id for p in info.pending_steps] == [blocker]
 
 
+@pytest.mark.one_server
 def test_max_seconds_kills_a_run_that_does_not_stop(env, conn, own_instance, gated):
     receiver, _ = gated  # holds every request for two minutes: the step cannot stop sooner
     add_destination(conn, "cdn", receiver.url, timeout_seconds=120, max_in_flight=2)

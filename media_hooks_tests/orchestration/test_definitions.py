@@ -9,7 +9,7 @@ from dagster import DefaultScheduleStatus, DefaultSensorStatus, Definitions
 
 from media_hooks.cohort import Cohort
 from media_hooks.orchestration.definitions import defs, deliver_webhooks_job
-from media_hooks.orchestration.ops.delivery import Prepared, Shard
+from media_hooks.orchestration.ops.delivery import Prepared, Shard, shard_caps
 from media_hooks_tests.conftest import REPO
 
 
@@ -51,3 +51,14 @@ def test_shards_divide_the_destinations_each_to_exactly_one_step():
         assert sum(shard.serves(destination) for shard in shards) == 1, destination
     assert all(sum(map(shard.serves, destinations)) > 0 for shard in shards)
     assert [s.mapping_key for s in shards] == ["shard_1_of_3", "shard_2_of_3", "shard_3_of_3"]
+
+
+def test_a_capped_run_splits_its_cap_by_the_due_destinations_each_shard_serves():
+    assert shard_caps(None, [3, 0]) == [None, None]
+    assert shard_caps(10, [2, 0, 2]) == [5, 0, 5]
+    assert shard_caps(10, [1, 2]) == [3, 7]  # 3.33 and 6.67: the larger remainder takes the row
+    assert shard_caps(4, [0, 0]) == [2, 2]  # nothing due when prepared: equal parts
+    assert shard_caps(1, [1, 1, 1]) == [1, 0, 0]
+    for cap in range(0, 40):
+        for served in ([1, 1, 1], [5, 0, 2], [0, 3, 0, 1]):
+            assert sum(shard_caps(cap, served)) == cap

@@ -74,6 +74,25 @@ def test_three_destinations_one_step_per_destination_counts_rows_carry_the_run_i
     assert (worker["run_id"], worker["pid"]) == (run.run_id, os.getpid())
 
 
+def test_a_capped_run_with_shards_claims_its_cap_when_every_due_destination_is_in_one_shard(
+    instance, database_url, conn, receiver
+):
+    """Two shards, a cap of 6, and both due destinations hashed to the second shard: that
+    shard takes the whole cap (an even split would have claimed 3 and left 3 due)."""
+    for d in ("beta", "gamma"):  # both in shard 2 of 2 (crc32 % 2 == 1)
+        add_destination(conn, d, receiver.url + d)
+        add_deliveries(conn, d, 4)
+
+    run = deliver(instance, database_url, {"max_rows": 6, "shards": 2})
+
+    assert run.success
+    assert run.summary.claimed == 6
+    assert receiver.effects == 6
+    outputs = _step_outputs(instance, run.run_id)
+    assert outputs["deliver_shard[shard_2_of_2]"]["claimed"] == 6
+    assert outputs["deliver_shard[shard_1_of_2]"]["claimed"] == 0
+
+
 def test_a_cohort_run_takes_only_its_cohort_and_tags_the_run(
     instance, database_url, conn, receiver
 ):

@@ -6,7 +6,7 @@ page answers "what did this run claim, send, retry, give up on, and where are it
 
 import time
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from dagster import (
     Backoff,
@@ -74,6 +74,8 @@ class Shard:
     index: int
     count: int
     prepared: Prepared
+    # The shard's part of the run's row cap (None: no cap; see shard_caps).
+    max_rows: int | None = None
 
     def serves(self, destination_id: str) -> bool:
         return zlib.crc32(destination_id.encode()) % self.count == self.index
@@ -169,15 +171,32 @@ def prepare(
             "seconds": MetadataValue.float(time.monotonic() - started),
         },
     )
-    for index in range(config.shards):
-        shard = Shard(index, config.shards, prepared)
-        served = sum(1 for d in due if shard.serves(d))
+    shards = [Shard(index, config.shards, prepared) for index in range(config.shards)]
+    served = [sum(1 for d in due if shard.serves(d)) for shard in shards]
+    for shard, count, rows in zip(
+        shards, served, shard_caps(prepared.max_rows, served), strict=True
+    ):
         yield DynamicOutput(
-            shard,
+            replace(shard, max_rows=rows),
             output_name="shards",
             mapping_key=shard.mapping_key,
-            metadata={"shard_due_destinations": served},
+            metadata={"shard_due_destinations": count, "shard_max_rows": rows},
         )
+
+
+def shard_caps(max_rows: int | None, served: list[int]) -> list[int | None]:
+    """Each shard's part of the run's row cap, in proportion to the due destinations it serves
+    (the largest remainders take the rows left over): a shard with nothing due takes none of
+    it, so a capped run claims up to its cap wherever its work hashed to."""
+    if max_rows is None:
+        return [None] * len(served)
+    weights = served if any(served) else [1] * len(served)
+    total = sum(weights)
+    caps = [max_rows * weight // total for weight in weights]
+    by_remainder = sorted(range(len(weights)), key=lambda i: -(max_rows * weights[i] % total))
+    for index in by_remainder[: max_rows - sum(caps)]:
+        caps[index] += 1
+    return caps
 
 
 def _deliver_shard(context: OpExecutionContext, shard: Shard, postgres, settings) -> ShardResult:
@@ -199,7 +218,7 @@ def _deliver_shard(context: OpExecutionContext, shard: Shard, postgres, settings
             settings,
             cohort=prepared.cohort,
             claim_page_size=prepared.page_size,
-            max_rows=_shard_rows(prepared.max_rows, shard),
+            max_rows=shard.max_rows,
         ):
             result.claimed[done.destination_id] = done.claimed
             result.counts[done.destination_id] = done.counts.as_dict()
@@ -210,13 +229,6 @@ def _deliver_shard(context: OpExecutionContext, shard: Shard, postgres, settings
     return ShardResult(
         result.mapping_key, result.claimed, result.counts, time.monotonic() - started
     )
-
-
-def _shard_rows(max_rows: int | None, shard: Shard) -> int | None:
-    """A shard's part of the run's row cap (the first shards take the remainder)."""
-    if max_rows is None:
-        return None
-    return max_rows // shard.count + (1 if shard.index < max_rows % shard.count else 0)
 
 
 # Infrastructure faults of a delivery step: two more tries, 2 s and then 6 s after a failure.

@@ -17,6 +17,7 @@ import os
 import pkgutil
 import sys
 from collections.abc import Iterator, Sequence
+from functools import cache
 
 import psycopg
 
@@ -26,13 +27,17 @@ from media_hooks.errors import RuntimeFailure, UserError, first_line
 _MODULE_SUFFIX = "_commands"
 
 
-def _command_names() -> list[str]:
-    """Every command, by its module ``media_hooks.cli.NAME_commands``, in name order."""
+@cache
+def _command_names() -> tuple[str, ...]:
+    """Every command, by its module ``media_hooks.cli.NAME_commands``, in name order (the
+    folder is listed once per process)."""
     package = importlib.import_module("media_hooks.cli")
-    return sorted(
-        m.name.removesuffix(_MODULE_SUFFIX)
-        for m in pkgutil.iter_modules(package.__path__)
-        if m.name.endswith(_MODULE_SUFFIX)
+    return tuple(
+        sorted(
+            m.name.removesuffix(_MODULE_SUFFIX)
+            for m in pkgutil.iter_modules(package.__path__)
+            if m.name.endswith(_MODULE_SUFFIX)
+        )
     )
 
 

@@ -9,6 +9,10 @@ import pytest
 
 from media_hooks_tests.conftest import run_cli
 
+# The command line itself (parsing, output, exit codes) runs in CI's first pass only: the
+# destination statements are tested on both servers by test_destinations.py.
+pytestmark = pytest.mark.one_server
+
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 # Looks like a secret but is not base64: the error must not echo it.
 BAD_SECRET = "whsec_s3cr3t!value"

@@ -16,6 +16,10 @@ import pytest
 from media_hooks_tests.conftest import REPO, run_cli
 from media_hooks_tests.fingerprints import content_fingerprint
 
+# The command line itself (parsing, output, exit codes) runs in CI's first pass only: emit's
+# statements, bulk COPY included, are tested on both servers by test_emit.py.
+pytestmark = pytest.mark.one_server
+
 
 @pytest.fixture
 def env(cli_env, database_url) -> dict[str, str]:

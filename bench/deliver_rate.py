@@ -17,17 +17,21 @@ for, interpreter and Dagster start included), and per second in steady state (th
 the run by the receiver's timestamps: the paths' delivery speed without their start-up).
 
 Also the job's fixed cost (part 1 of issue 13): a run of 20 deliveries to one destination,
-and to N destinations, as ``media-hooks run`` runs it.
+and to N destinations, as ``media-hooks run`` runs it; and the one-destination run launched
+as the daemon launches it, warm (the project's run launcher) and in a fresh interpreter.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from bench import paths, peers, stats
+from bench.fast_receiver import take_log
 from bench.scratch import add_destinations, add_due_deliveries, spread, unlimited_destinations
-from bench.session import Session
+from bench.session import Session, environment
 
 METRICS = {
     "per_second": "deliveries/s, end to end (process wall time)",
@@ -188,6 +192,9 @@ def measure_fixed_cost(session: Session) -> dict[str, Any]:
                 return paths.run_job(session, url, storage).figures(expected=rows)
 
         runners[f"job_{count}_destinations"] = run
+        if count == 1:
+            for path, warm in (("launched_warm", True), ("launched_fresh", False)):
+                runners[path] = partial(launched_run, session, template, rows, warm=warm)
     figures = stats.summarize(session.interleaved(runners), ["seconds"])
     medians = [figures[f"job_{n}_destinations"]["seconds"]["median"] for n in counts]
     one = medians[0] if counts and counts[0] == 1 else None
@@ -196,11 +203,14 @@ def measure_fixed_cost(session: Session) -> dict[str, Any]:
         slope = (medians[-1] - medians[0]) / (counts[-1] - counts[0])
     return {
         "title": "Job fixed cost: 20 deliveries per destination, instant receiver",
-        "metrics": {"seconds": "wall time of `media-hooks run --until-idle --json`, s"},
+        "metrics": {
+            "seconds": "wall time of `media-hooks run --until-idle --json`; of a launched run, "
+            "from its launch to its end, s"
+        },
         "size": {"destinations": list(counts), "deliveries_per_destination": 20},
         "figures": figures,
         "derived": {"seconds_per_extra_destination": slope},
-        "ratios": [],
+        "ratios": stats.ratios(figures, [("launched_warm", "launched_fresh")], "seconds"),
         "targets": [
             stats.target(
                 "a run of 20 deliveries to one destination under 3 s wall (issue 13, part 1)",
@@ -217,5 +227,40 @@ def measure_fixed_cost(session: Session) -> dict[str, Any]:
                 depends=figures.values(),
             ),
         ],
-        "notes": [],
+        "notes": [
+            "launched_warm: a run of the same 20 deliveries launched as the daemon launches "
+            "the schedule's, the lag sensor's and the Launchpad's, through the instance's "
+            "WarmRunLauncher (its server already started, as after a daemon's first run); "
+            "launched_fresh: the same run executed by a fresh interpreter, as Dagster's "
+            "DefaultRunLauncher has its code server start each run.",
+        ],
     }
+
+
+def launched_run(session: Session, template: str, rows: int, *, warm: bool) -> dict[str, Any]:
+    """A ``deliver_webhooks`` run launched as the daemon launches one, from launch to end."""
+    from dagster import DagsterInstance, DagsterRunStatus
+
+    from bench.launch_run import create_run, launch, wait_finished
+    from media_hooks.orchestration.jobs import DELIVERY_EXECUTION
+    from media_hooks.orchestration.running import delivery_run_config
+
+    with session.scratch.database(template) as url, session.dagster_storage() as storage:
+        home = session.dagster_home()
+        env = session.env(url, storage, DAGSTER_HOME=str(home))
+        with environment(**env), DagsterInstance.from_config(str(home)) as instance:
+            if warm:
+                instance.run_launcher.zygote.start()
+            run = create_run(instance, delivery_run_config({}, execution=DELIVERY_EXECUTION), {})
+            take_log(session.receiver)
+            started = time.perf_counter()
+            process = launch(instance, run.run_id, env, warm=warm)
+            run = wait_finished(instance, run.run_id, process, session.size.run_timeout)
+            seconds = time.perf_counter() - started
+            if process is not None:
+                process.wait()
+        delivered = len({start.webhook_id for start in take_log(session.receiver)})
+    figures: dict[str, Any] = {"seconds": seconds, "delivered": delivered}
+    if run.status != DagsterRunStatus.SUCCESS or delivered < rows:
+        figures["error"] = f"run {run.status.value}, {delivered} of {rows} delivered"
+    return figures

@@ -9,8 +9,9 @@ machine's). Two drivers, each on a fresh database and Dagster storage:
 - ``sensor``: ``delivery_lag_sensor`` evaluated every ``sensor_interval`` seconds with
   Dagster's ``build_sensor_context`` against a real instance, with the resources the project's
   ``Definitions`` bind. Each run it requests is created in the instance at once, as the daemon
-  does, and executed by a process of its own (``bench.launch_run``), as the daemon's run
-  launcher does. Deployed, the sensor ticks every 30 s: add up to that to its figures.
+  does, and launched through the instance's run launcher, as the daemon launches it (the
+  project's ``WarmRunLauncher``: forked from a server that has Dagster loaded). Deployed, the
+  sensor ticks every 30 s: add up to that to its figures.
 - ``by_hand``: ``media-hooks run --until-idle --json`` started as the emits start, and started
   again whenever it returns with deliveries still to come (an operator who keeps it going).
 
@@ -20,7 +21,8 @@ The run ends when every emitted delivery reached the receiver (or at a deadline)
 from __future__ import annotations
 
 import json
-import subprocess
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,7 +33,7 @@ import psycopg
 
 from bench import stats
 from bench.fast_receiver import take_log
-from bench.processes import python_command, run_measured, start, stop_group
+from bench.processes import python_command, run_measured
 from bench.scratch import Destination, add_destinations
 from bench.session import Session, environment
 from media_hooks.emit import Event, emit
@@ -88,19 +90,20 @@ Drive = Callable[[Emitter, float], int]
 
 @contextmanager
 def sensor_driver(session: Session, url: str, storage: str) -> Iterator[Drive]:
-    """The lag sensor's evaluation loop, launching each run it requests. Dagster is loaded
-    and the instance opened before the emits start, so none of that counts as latency."""
-    from dagster import DagsterInstance, DagsterRunStatus, SensorResult, build_sensor_context
+    """The lag sensor's evaluation loop, launching each run it requests through the
+    instance's run launcher, as the daemon does. Dagster is loaded, the instance opened and
+    the launcher's warm server started before the emits start (a deployed daemon's is warm
+    after its first run), so none of that counts as latency."""
+    from dagster import DagsterInstance, SensorResult, build_sensor_context
 
-    from bench.launch_run import LAG_SENSOR
+    from bench.launch_run import LAG_SENSOR, create_run, ended_unfinished, launch
+    from media_hooks.orchestration import run_workers
     from media_hooks.orchestration.definitions import defs
 
     home = session.dagster_home()
     env = session.env(url, storage, DAGSTER_HOME=str(home))
     sensor = defs.resolve_sensor_def(LAG_SENSOR)
-    job = defs.resolve_job_def(sensor.job_name)
-    done = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
-    launched: list[tuple[str, subprocess.Popen]] = []
+    launched: list[str] = []
     keys: set[str] = set()
 
     def drive(emitter: Emitter, deadline: float) -> int:
@@ -121,38 +124,31 @@ def sensor_driver(session: Session, url: str, storage: str) -> Iterator[Drive]:
                             continue
                         keys.add(request.run_key)
                         tags["dagster/run_key"] = request.run_key
-                    run = instance.create_run_for_job(
-                        job_def=job,
-                        run_config=request.run_config,
-                        tags={**job.tags, **request.tags, **tags},
-                    )
-                    process = start(python_command("bench.launch_run", run.run_id), env)
-                    launched.append((run.run_id, process))
-            for run_id, process in launched:
-                # A launcher that died before its run finished: fail the run, as the daemon's
-                # run monitoring would, so that the sensor may request another.
-                run = instance.get_run_by_id(run_id)
-                if process.poll() is not None and run.status not in done:
+                    run = create_run(instance, request.run_config, {**request.tags, **tags})
+                    launch(instance, run.run_id, env, warm=True)
+                    launched.append(run.run_id)
+            runs = [instance.get_run_by_id(run_id) for run_id in launched]
+            for run in runs:
+                # A run whose process died: fail it, as the daemon's run monitoring would, so
+                # that the sensor may request another.
+                if ended_unfinished(instance, run, None):
                     instance.report_run_failed(run)
-            busy = any(process.poll() is None for _, process in launched)
+            busy = any(not run.is_finished for run in runs)
             if not emitter.is_alive() and not busy and _delivered(url) >= emitter.count:
                 break
             time.sleep(max(0.0, tick + session.size.sensor_interval - time.monotonic()))
         return len(launched)
 
-    with (
-        environment(
-            MEDIA_HOOKS_DATABASE_URL=url,
-            MEDIA_HOOKS_DAGSTER_STORAGE_URL=env["MEDIA_HOOKS_DAGSTER_STORAGE_URL"],
-        ),
-        DagsterInstance.from_config(str(home)) as instance,
-    ):
+    with environment(**env), DagsterInstance.from_config(str(home)) as instance:
+        instance.run_launcher.zygote.start()
         try:
             yield drive
         finally:
-            for _, process in launched:
-                if process.poll() is None:
-                    stop_group(process)
+            for run_id in launched:
+                run = instance.get_run_by_id(run_id)
+                worker = run_workers.worker_of(run) if not run.is_finished else None
+                if worker is not None and worker.is_gone() is False:
+                    os.kill(worker.pid, signal.SIGKILL)
 
 
 @contextmanager
@@ -241,7 +237,8 @@ def measure(session: Session) -> dict[str, Any]:
         "notes": [
             f"The sensor is evaluated every {size.sensor_interval:g} s here; deployed it ticks "
             "every 30 s, which adds up to 30 s (15 s on average) to its latencies.",
-            "A run the sensor requests is created in the instance at once and executed by a "
-            "process of its own (bench.launch_run), as under the daemon.",
+            "A run the sensor requests is created in the instance at once and launched "
+            "through the instance's run launcher (WarmRunLauncher, its server started before "
+            "the emits), as under the daemon.",
         ],
     }

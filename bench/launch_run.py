@@ -1,41 +1,84 @@
-"""Executes one run the benchmark's sensor loop created, as the daemon's run launcher would.
+"""Delivery runs launched as the daemon launches them: through the instance's run launcher
+(the project's ``WarmRunLauncher``, forking each run from its warm server), or in a fresh
+interpreter, as Dagster's DefaultRunLauncher has its code server start each run.
 
-    python -m bench.launch_run RUN_ID     (DAGSTER_HOME and the storage from the environment)
-
-The loop in ``bench.latency`` evaluates the lag sensor and, for each run it requests, creates
-the run in the instance at once (so the next tick sees it in flight, as under the daemon) and
-starts this process to execute it: a process of its own, importing the project, like the
-process Dagster's default run launcher starts.
+    python -m bench.launch_run RUN_ID     (the fresh interpreter; DAGSTER_HOME and the
+                                           storage from the environment)
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import time
+from collections.abc import Mapping
+from typing import Any
 
-from dagster import DagsterInstance, reconstructable
+from dagster import DagsterInstance, DagsterRun, reconstructable
+from dagster._core.instance.ref import InstanceRef  # private; Dagster is pinned
+from dagster._serdes import serialize_value
 
-# Dagster's own entry point for executing an existing run (what `dagster api execute_run`
-# calls); the Dagster family is pinned exactly, so its private path is stable here.
-from dagster._core.execution.api import execute_run
+from bench.processes import python_command, start
+from media_hooks.orchestration import run_workers
+from media_hooks.orchestration.definitions import deliver_webhooks_job
 
 LAG_SENSOR = "delivery_lag_sensor"
 
 
-def lag_sensor_job():
-    """The job the lag sensor targets, with its resources: what each step process rebuilds."""
-    from media_hooks.orchestration.definitions import defs
+def create_run(
+    instance: DagsterInstance, run_config: Mapping[str, Any], tags: Mapping[str, str]
+) -> DagsterRun:
+    """A ``deliver_webhooks`` run as the daemon creates one: with its code origin."""
+    job = deliver_webhooks_job()
+    return instance.create_run_for_job(
+        job_def=job,
+        run_config=run_config,
+        tags={**job.tags, **tags},
+        job_code_origin=reconstructable(deliver_webhooks_job).get_python_origin(),
+    )
 
-    return defs.resolve_job_def(defs.resolve_sensor_def(LAG_SENSOR).job_name)
+
+def launch(
+    instance: DagsterInstance, run_id: str, env: dict[str, str], *, warm: bool
+) -> subprocess.Popen | None:
+    """Launches the run: through the instance's launcher (``warm``), or in a fresh
+    interpreter, whose process is returned."""
+    if warm:
+        instance.launch_run(run_id, workspace=None)
+        return None
+    return start(python_command("bench.launch_run", run_id), env)
+
+
+def ended_unfinished(instance: DagsterInstance, run: DagsterRun, process) -> bool:
+    """A run whose process ended before the run did (the daemon's run monitoring would fail
+    it)."""
+    if run.is_finished:
+        return False
+    if process is not None:
+        return process.poll() is not None
+    worker = run_workers.worker_of(run)
+    return worker is not None and worker.is_gone() is True
+
+
+def wait_finished(instance: DagsterInstance, run_id: str, process, timeout: float) -> DagsterRun:
+    """The run once it finished (or failed, when its process ended first, or at ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        run = instance.get_run_by_id(run_id)
+        if run.is_finished:
+            return run
+        if ended_unfinished(instance, run, process) or time.monotonic() > deadline:
+            instance.report_run_failed(run)
+            return instance.get_run_by_id(run_id)
+        time.sleep(0.01)
 
 
 def main() -> int:
-    # Imported by name, not as __main__, so that step processes can rebuild the job from it.
-    from bench.launch_run import lag_sensor_job as target
+    from media_hooks.orchestration.zygote import execute
 
-    with DagsterInstance.get() as instance:
-        run = instance.get_run_by_id(sys.argv[1])
-        result = execute_run(reconstructable(target), run, instance)
-    return 0 if result.success else 1
+    ref = serialize_value(InstanceRef.from_dir(os.environ["DAGSTER_HOME"]))
+    return execute(sys.argv[1], ref)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from dagster import DagsterInstance
 from media_hooks import db
 from media_hooks.config import Settings
 from media_hooks.orchestration import recovery, run_workers
-from media_hooks.orchestration.instance import open_instance
+from media_hooks.orchestration.instance import keep_storage_connections, open_instance
 from media_hooks.orchestration.jobs import deliver_webhooks
 from media_hooks.orchestration.running import DeliveryRun, execute_delivery
 
@@ -50,9 +50,6 @@ _SETTLE_POLL_SECONDS = 1.0
 # What the process still records, at most, once it has given up on a run that will not stop.
 _LAST_WORDS_SECONDS = 5.0
 _LOG_ROTATE_BYTES = 10 * 1024 * 1024
-# Dagster's storage connections this process keeps: one, and a few more while threads need them.
-STORAGE_POOL_OVERFLOW = 4
-STORAGE_POOL_RECYCLE_SECONDS = 3600
 JOB_NAME = deliver_webhooks.name
 
 
@@ -171,16 +168,7 @@ class RunSupervisor:
         """Opens the Dagster instance (its storage may take a while to answer, or not)."""
         with self.console.captured():
             self.instance = open_instance(self.settings)
-            # Dagster's PostgreSQL storage opens a connection per operation unless told to keep
-            # them, as its webserver does: a run stores some 30 events, and those connections
-            # were a second of a small run's wall time.
-            self.instance.optimize_for_webserver(
-                statement_timeout=round(
-                    db.bounds(db.Role.OPERATOR, self.settings).statement_seconds * 1000
-                ),
-                pool_recycle=STORAGE_POOL_RECYCLE_SECONDS,
-                max_overflow=STORAGE_POOL_OVERFLOW,
-            )
+            keep_storage_connections(self.instance, self.settings)
 
     def recover(self) -> list[recovery.Recovered]:
         with self.console.captured(), db.connect(self.url, autocommit=True) as conn:

@@ -17,7 +17,7 @@ from urllib.parse import quote, urlencode
 from dagster import DagsterInstance
 from psycopg import conninfo
 
-from media_hooks import embedded
+from media_hooks import db, embedded
 from media_hooks.config import Settings
 from media_hooks.db import redact
 from media_hooks.errors import RuntimeFailure
@@ -28,6 +28,10 @@ HERE = Path(__file__).resolve().parent
 INSTANCE_TEMPLATE = HERE / "dagster.yaml"
 WORKSPACE = HERE / "workspace.yaml"
 STORAGE_VARIABLE = "MEDIA_HOOKS_DAGSTER_STORAGE_URL"
+# Dagster's storage connections a run's process keeps: one, and a few more while threads need
+# them.
+STORAGE_POOL_OVERFLOW = 4
+STORAGE_POOL_RECYCLE_SECONDS = 3600
 
 
 def as_url(libpq: str) -> str:
@@ -86,3 +90,15 @@ def open_instance(settings: Settings) -> DagsterInstance:
     """The persistent instance, with this process's environment pointing at it."""
     os.environ.update(prepare_home(settings))
     return DagsterInstance.get()
+
+
+def keep_storage_connections(instance: DagsterInstance, settings: Settings) -> None:
+    """Has a run's process keep its connections to Dagster's storage, bounded by the
+    operator role's statement timeout. Dagster's PostgreSQL storage otherwise opens a
+    connection per operation (its webserver keeps them, this way): a run stores some 30
+    events, and those connections were up to a second of a small run's wall time."""
+    instance.optimize_for_webserver(
+        statement_timeout=round(db.bounds(db.Role.OPERATOR, settings).statement_seconds * 1000),
+        pool_recycle=STORAGE_POOL_RECYCLE_SECONDS,
+        max_overflow=STORAGE_POOL_OVERFLOW,
+    )

@@ -57,12 +57,18 @@ class Worker:
 
 
 def this_process(run_id: str) -> Worker:
-    return Worker(
-        run_id=run_id,
-        host=socket.gethostname(),
-        pid=os.getpid(),
-        started=psutil.Process().create_time(),
-    )
+    worker = process_of(run_id, os.getpid())
+    assert worker is not None  # this process exists
+    return worker
+
+
+def process_of(run_id: str, pid: int) -> Worker | None:
+    """Process ``pid`` of this host as ``run_id``'s worker; None when it no longer runs."""
+    try:
+        started = psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return None
+    return Worker(run_id=run_id, host=socket.gethostname(), pid=pid, started=started)
 
 
 def worker_of(run: DagsterRun) -> Worker | None:

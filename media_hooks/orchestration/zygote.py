@@ -33,7 +33,7 @@ PRELOAD = (
     "psycopg_pool",
     "requests",
     "urllib3",
-    "cryptography.hazmat.primitives.hmac",
+    "cryptography.fernet",
     "psutil",
 )
 

@@ -41,16 +41,30 @@ FORK_TIMEOUT_SECONDS = 30.0
 
 
 class ZygoteUnavailable(RuntimeError):
-    """The fork server could not start or stopped answering."""
+    """The fork server could not start, or ended before it took the run: nothing was forked."""
 
 
-def _line(stream: IO[str], timeout: float) -> str:
-    """One line from ``stream`` within ``timeout`` seconds ('' at its end)."""
+class LaunchUnanswered(RuntimeError):
+    """The fork server took the run but did not say which process executes it: it may be
+    executing, so the run is not launched another way."""
+
+
+def _line(stream: IO[str], timeout: float) -> str | None:
+    """One line from ``stream`` within ``timeout`` seconds: '' at its end, None if none came."""
     with selectors.DefaultSelector() as selector:
         selector.register(stream, selectors.EVENT_READ)
         if not selector.select(timeout):
-            raise ZygoteUnavailable(f"the warm run server did not answer within {timeout:g} s")
+            return None
     return stream.readline()
+
+
+def _sent(process: subprocess.Popen, request: str) -> bool:
+    try:
+        process.stdin.write(request)
+        process.stdin.flush()
+    except BrokenPipeError:
+        return False
+    return True
 
 
 class Zygote:
@@ -65,22 +79,25 @@ class Zygote:
         return self._process.pid if self._process is not None else None
 
     def fork(self, run_id: str, instance_ref: str) -> int:
-        """Starts a process executing ``run_id``; its pid. A server that died is replaced
-        once."""
+        """Starts a process executing ``run_id``; its pid."""
         request = json.dumps({"run_id": run_id, "instance_ref": instance_ref}) + "\n"
         with self._lock:
-            for _attempt in range(2):
-                process = self._running()
-                try:
-                    process.stdin.write(request)
-                    process.stdin.flush()
-                    reply = _line(process.stdout, FORK_TIMEOUT_SECONDS)
-                except (BrokenPipeError, ZygoteUnavailable):
-                    reply = ""
-                if reply:
-                    return json.loads(reply)["pid"]
+            process = self._running()
+            if not _sent(process, request):
+                # It had ended before the request (nothing was forked): a new one takes it.
                 self._stop()
-            raise ZygoteUnavailable("the warm run server ended while starting the run")
+                process = self._running()
+                if not _sent(process, request):
+                    self._stop()
+                    raise ZygoteUnavailable("the warm run server ended as it started")
+            reply = _line(process.stdout, FORK_TIMEOUT_SECONDS)
+            if not reply:
+                self._stop()
+                why = "it ended" if reply == "" else f"nothing in {FORK_TIMEOUT_SECONDS:g} s"
+                raise LaunchUnanswered(
+                    f"the warm run server took the run but did not answer: {why}"
+                )
+            return json.loads(reply)["pid"]
 
     def start(self) -> None:
         """Starts the server ahead of the first launch (which otherwise starts it)."""
@@ -100,11 +117,7 @@ class Zygote:
             stdout=subprocess.PIPE,
             text=True,
         )
-        try:
-            ready = _line(self._process.stdout, START_TIMEOUT_SECONDS)
-        except ZygoteUnavailable:
-            ready = ""
-        if not ready:
+        if not _line(self._process.stdout, START_TIMEOUT_SECONDS):
             self._stop()
             raise ZygoteUnavailable("the warm run server did not start")
         return self._process

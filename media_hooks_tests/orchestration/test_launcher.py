@@ -24,7 +24,11 @@ from media_hooks.orchestration import launcher as launcher_module
 from media_hooks.orchestration import run_workers
 from media_hooks.orchestration.definitions import deliver_webhooks_job
 from media_hooks.orchestration.jobs import DELIVERY_EXECUTION
-from media_hooks.orchestration.launcher import WarmRunLauncher, ZygoteUnavailable
+from media_hooks.orchestration.launcher import (
+    LaunchUnanswered,
+    WarmRunLauncher,
+    ZygoteUnavailable,
+)
 from media_hooks.orchestration.running import delivery_run_config
 from media_hooks.receiver import Receiver, Reply
 from media_hooks_tests.factories import add_deliveries, add_destination, states
@@ -223,6 +227,23 @@ def test_a_server_that_cannot_start_fails_the_launch_and_says_why(
     assert launcher.zygote.pid is None
     assert instance.get_run_by_id(run_id).status == DagsterRunStatus.FAILURE
     assert any("did not start" in message for message in _engine_messages(instance, run_id))
+
+
+def test_a_server_that_takes_the_run_and_ends_is_not_asked_again(
+    instance, launcher, database_url, monkeypatch
+):
+    launcher.zygote.close()
+    monkeypatch.setattr(
+        launcher_module, "ZYGOTE_MODULE", "media_hooks_tests.orchestration.silent_zygote"
+    )
+    run_id = _create_run(instance, database_url)
+
+    # It may have forked a process that executes the run: launching it again (another server,
+    # the code server) could start a second one. The launch fails instead, and the run with it.
+    with pytest.raises(LaunchUnanswered, match="did not answer: it ended"):
+        instance.launch_run(run_id, workspace=None)
+    assert launcher.zygote.pid is None
+    assert instance.get_run_by_id(run_id).status == DagsterRunStatus.FAILURE
 
 
 def test_terminating_a_run_whose_process_is_gone_says_so(instance, launcher, database_url):

@@ -96,7 +96,7 @@ def sensor_driver(session: Session, url: str, storage: str) -> Iterator[Drive]:
     after its first run), so none of that counts as latency."""
     from dagster import DagsterInstance, SensorResult, build_sensor_context
 
-    from bench.launch_run import LAG_SENSOR, create_run, ended_unfinished, launch
+    from bench.launch_run import LAG_SENSOR, create_run, launch, settled
     from media_hooks.orchestration import run_workers
     from media_hooks.orchestration.definitions import defs
 
@@ -104,6 +104,7 @@ def sensor_driver(session: Session, url: str, storage: str) -> Iterator[Drive]:
     env = session.env(url, storage, DAGSTER_HOME=str(home))
     sensor = defs.resolve_sensor_def(LAG_SENSOR)
     launched: list[str] = []
+    running: list[str] = []  # launched and not finished when last looked at
     keys: set[str] = set()
 
     def drive(emitter: Emitter, deadline: float) -> int:
@@ -127,14 +128,9 @@ def sensor_driver(session: Session, url: str, storage: str) -> Iterator[Drive]:
                     run = create_run(instance, request.run_config, {**request.tags, **tags})
                     launch(instance, run.run_id, env, warm=True)
                     launched.append(run.run_id)
-            runs = [instance.get_run_by_id(run_id) for run_id in launched]
-            for run in runs:
-                # A run whose process died: fail it, as the daemon's run monitoring would, so
-                # that the sensor may request another.
-                if ended_unfinished(instance, run, None):
-                    instance.report_run_failed(run)
-            busy = any(not run.is_finished for run in runs)
-            if not emitter.is_alive() and not busy and _delivered(url) >= emitter.count:
+                    running.append(run.run_id)
+            running[:] = [r for r in running if not settled(instance, r, None).is_finished]
+            if not emitter.is_alive() and not running and _delivered(url) >= emitter.count:
                 break
             time.sleep(max(0.0, tick + session.size.sensor_interval - time.monotonic()))
         return len(launched)
@@ -144,7 +140,7 @@ def sensor_driver(session: Session, url: str, storage: str) -> Iterator[Drive]:
         try:
             yield drive
         finally:
-            for run_id in launched:
+            for run_id in running:
                 run = instance.get_run_by_id(run_id)
                 worker = run_workers.worker_of(run) if not run.is_finished else None
                 if worker is not None and worker.is_gone() is False:

@@ -50,25 +50,33 @@ def launch(
     return start(python_command("bench.launch_run", run_id), env)
 
 
-def ended_unfinished(instance: DagsterInstance, run: DagsterRun, process) -> bool:
-    """A run whose process ended before the run did (the daemon's run monitoring would fail
-    it)."""
-    if run.is_finished:
-        return False
+def _process_ended(run: DagsterRun, process) -> bool:
     if process is not None:
         return process.poll() is not None
     worker = run_workers.worker_of(run)
     return worker is not None and worker.is_gone() is True
 
 
+def settled(instance: DagsterInstance, run_id: str, process) -> DagsterRun:
+    """The run as it stands, failed first when its process ended before it did (as the
+    daemon's run monitoring would fail it, so that the sensor may request another)."""
+    run = instance.get_run_by_id(run_id)
+    if run.is_finished or not _process_ended(run, process):
+        return run
+    run = instance.get_run_by_id(run_id)  # again: what the process wrote before it ended
+    if not run.is_finished:
+        instance.report_run_failed(run)
+    return instance.get_run_by_id(run_id)
+
+
 def wait_finished(instance: DagsterInstance, run_id: str, process, timeout: float) -> DagsterRun:
     """The run once it finished (or failed, when its process ended first, or at ``timeout``)."""
     deadline = time.monotonic() + timeout
     while True:
-        run = instance.get_run_by_id(run_id)
+        run = settled(instance, run_id, process)
         if run.is_finished:
             return run
-        if ended_unfinished(instance, run, process) or time.monotonic() > deadline:
+        if time.monotonic() > deadline:
             instance.report_run_failed(run)
             return instance.get_run_by_id(run_id)
         time.sleep(0.01)

@@ -17,7 +17,7 @@ through Dagster's run storage, not exit codes.
 
 from __future__ import annotations
 
-import gc
+import importlib
 import json
 import os
 import signal
@@ -39,15 +39,12 @@ PRELOAD = (
 
 
 def preload() -> None:
-    import importlib
+    from media_hooks.cli.loading import collector_paused, own_process
 
-    gc.disable()
-    try:
+    own_process()
+    with collector_paused():
         for name in PRELOAD:
             importlib.import_module(name)
-    finally:
-        gc.freeze()
-        gc.enable()
 
 
 def execute(run_id: str, instance_ref: str) -> int:

@@ -20,6 +20,7 @@ from media_hooks.errors import RuntimeFailure
 from media_hooks_tests.conftest import REPO, run_cli, run_cli_together
 from media_hooks_tests.factories import add_destination
 from media_hooks_tests.fingerprints import schema_fingerprint
+from media_hooks_tests.interleaving import wait_for
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EXPECTED_TABLES = {
@@ -267,14 +268,6 @@ class _Producers:
             t.join(timeout=30)
 
 
-def _wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
 def test_migrate_while_producers_emit_and_an_idle_reader_holds_a_lock(empty_database_url, cli_env):
     """The issue's scene: the last no-transaction migration pending, producers emitting, a reader idle in a
     transaction. Producers are never held up longer than the lock timeout; the migration says
@@ -290,7 +283,7 @@ def test_migrate_while_producers_emit_and_an_idle_reader_holds_a_lock(empty_data
     env = dict(cli_env, MEDIA_HOOKS_DATABASE_URL=url)
     stderr_lines: list[str] = []
     with _Producers(url) as producers:
-        _wait_for(lambda: len(producers.latencies) > 20, 30, "producers to start")
+        wait_for(lambda: len(producers.latencies) > 20, "producers to start", 30)
         migrate = subprocess.Popen(
             [sys.executable, "-m", "media_hooks.cli", "db", "migrate"]
             + ["--lock-timeout", str(lock_timeout)],
@@ -305,10 +298,10 @@ def test_migrate_while_producers_emit_and_an_idle_reader_holds_a_lock(empty_data
         )
         collector.start()
         try:
-            _wait_for(
+            wait_for(
                 lambda: sum("retrying" in line for line in stderr_lines) >= 2,
-                60,
                 "the migration to time out twice on the reader's lock",
+                60,
             )
             emitted_while_blocked = len(producers.latencies)
             reader.commit()  # the reader goes

@@ -25,7 +25,12 @@ from media_hooks.errors import UserError
 from media_hooks.rate_limits import acquire, pause_destination, release, wait_for_permits
 from media_hooks_tests.conftest import REPO
 from media_hooks_tests.factories import add_destination
-from media_hooks_tests.interleaving import in_background, open_session, wait_until_blocked
+from media_hooks_tests.interleaving import (
+    in_background,
+    open_session,
+    wait_for,
+    wait_until_blocked,
+)
 
 DEST = "publisher-a"
 
@@ -113,14 +118,6 @@ def workers() -> Iterator[list[Worker]]:
             worker.kill()
 
 
-def wait_until(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
 def _max_overlap(records: list[dict]) -> int:
     """Most slots held at one instant, from the intervals each slot was surely held."""
     events = sorted(
@@ -169,16 +166,14 @@ def test_two_processes_never_exceed_start_rate_or_in_flight_ceiling(limited, dat
 def test_pause_stops_both_processes_until_paused_until(limited, database_url, workers):
     for name in ("p1", "p2"):
         workers.append(Worker(database_url, "send", name, "--hold-ms", "5"))
-    wait_until(
-        lambda: all(w.records for w in workers), timeout=10, what="both workers to get a permit"
-    )
+    wait_for(lambda: all(w.records for w in workers), "both workers to get a permit", 10)
 
     paused_until = pause_destination(limited, DEST, 2.0, "429 Too Many Requests").timestamp()
     paused_from = paused_until - 2.0
-    wait_until(
+    wait_for(
         lambda: all(any(r["granted_at"] >= paused_until for r in w.records) for w in workers),
-        timeout=5,
-        what="both workers to get a permit after the pause",
+        "both workers to get a permit after the pause",
+        5,
     )
     for worker in workers:
         worker.stop()
@@ -193,7 +188,7 @@ def test_slots_of_a_killed_holder_come_back_after_their_hold(limited, database_u
     _set_limits(limited, rate_per_second=1000, burst=10)
     dead = Worker(database_url, "hold", "doomed", "--want", "2", "--hold-seconds", "1.0")
     workers.append(dead)
-    wait_until(lambda: dead.records, timeout=10, what="the holder to take its slots")
+    wait_for(lambda: dead.records, "the holder to take its slots", 10)
     dead.kill()
     held = dead.records[0]
 

@@ -187,7 +187,9 @@ class WarmRunLauncher(DefaultRunLauncher):
         worker = run_workers.worker_of(run)
         gone = worker.is_gone() if worker is not None else None
         if gone is not False:
-            self._instance.report_engine_event(f"Cannot interrupt the run: {_why(worker)}.", run)
+            self._instance.report_engine_event(
+                f"Cannot interrupt the run: {_why(worker, gone)}.", run
+            )
             return False
         os.kill(worker.pid, signal.SIGINT)
         return True
@@ -196,9 +198,9 @@ class WarmRunLauncher(DefaultRunLauncher):
         self.zygote.close()
 
 
-def _why(worker: run_workers.Worker | None) -> str:
+def _why(worker: run_workers.Worker | None, gone: bool | None) -> str:
     if worker is None:
         return "it has no worker process recorded"
-    if worker.is_gone():
+    if gone:
         return f"its process ({worker.describe()}) is gone"
     return f"its process ({worker.describe()}) runs on another host"

@@ -12,7 +12,6 @@ import os
 import signal
 import socket
 import sys
-import time
 from collections.abc import Callable, Iterator
 
 import psutil
@@ -32,6 +31,7 @@ from media_hooks.orchestration.launcher import (
 from media_hooks.orchestration.running import delivery_run_config
 from media_hooks.receiver import Receiver, Reply
 from media_hooks_tests.factories import add_deliveries, add_destination, states
+from media_hooks_tests.interleaving import wait_for
 
 FINISH_SECONDS = 120.0  # a loaded machine starting the server and the run
 HELD_SECONDS = 10.0
@@ -42,13 +42,6 @@ def launcher(instance: DagsterInstance) -> WarmRunLauncher:
     launcher = instance.run_launcher
     assert isinstance(launcher, WarmRunLauncher)  # what the project's dagster.yaml configures
     return launcher
-
-
-def _wait_for(condition: Callable[[], bool], what: str, timeout: float = FINISH_SECONDS) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def _create_run(instance: DagsterInstance, database_url: str, origin=None) -> str:
@@ -64,7 +57,11 @@ def _create_run(instance: DagsterInstance, database_url: str, origin=None) -> st
 
 
 def _finished(instance: DagsterInstance, run_id: str):
-    _wait_for(lambda: instance.get_run_by_id(run_id).is_finished, f"run {run_id} to finish")
+    wait_for(
+        lambda: instance.get_run_by_id(run_id).is_finished,
+        f"run {run_id} to finish",
+        FINISH_SECONDS,
+    )
     return instance.get_run_by_id(run_id)
 
 
@@ -177,7 +174,7 @@ def test_a_dead_server_is_replaced_by_the_next_launch(
     assert _finished(instance, warmup).status == DagsterRunStatus.SUCCESS
     dead = launcher.zygote.pid
     os.kill(dead, signal.SIGKILL)
-    _wait_for(lambda: not psutil.pid_exists(dead) or _zombie(dead), "the server to die")
+    wait_for(lambda: not psutil.pid_exists(dead) or _zombie(dead), "the server to die")
 
     add_deliveries(conn, "cdn", 2, prefix="after-")
     run_id = _create_run(instance, database_url)

@@ -31,7 +31,7 @@ from typing import Any
 from bench import paths, peers, stats
 from bench.fast_receiver import take_log
 from bench.scratch import add_destinations, add_due_deliveries, spread, unlimited_destinations
-from bench.session import Session, environment
+from bench.session import Session
 
 METRICS = {
     "per_second": "deliveries/s, end to end (process wall time)",
@@ -239,18 +239,14 @@ def measure_fixed_cost(session: Session) -> dict[str, Any]:
 
 def launched_run(session: Session, template: str, rows: int, *, warm: bool) -> dict[str, Any]:
     """A ``deliver_webhooks`` run launched as the daemon launches one, from launch to end."""
-    from dagster import DagsterInstance, DagsterRunStatus
+    from dagster import DagsterRunStatus
 
-    from bench.launch_run import create_run, launch, wait_finished
+    from bench.launch_run import create_run, daemon_instance, launch, wait_finished
     from media_hooks.orchestration.jobs import DELIVERY_EXECUTION
     from media_hooks.orchestration.running import delivery_run_config
 
     with session.scratch.database(template) as url, session.dagster_storage() as storage:
-        home = session.dagster_home()
-        env = session.env(url, storage, DAGSTER_HOME=str(home))
-        with environment(**env), DagsterInstance.from_config(str(home)) as instance:
-            if warm:
-                instance.run_launcher.zygote.start()
+        with daemon_instance(session, url, storage, warm=warm) as (instance, env):
             run = create_run(instance, delivery_run_config({}, execution=DELIVERY_EXECUTION), {})
             take_log(session.receiver)
             started = time.perf_counter()

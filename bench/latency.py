@@ -35,7 +35,7 @@ from bench import stats
 from bench.fast_receiver import take_log
 from bench.processes import python_command, run_measured
 from bench.scratch import Destination, add_destinations
-from bench.session import Session, environment
+from bench.session import Session
 from media_hooks.emit import Event, emit
 
 LATENCY_MS = 50
@@ -94,14 +94,12 @@ def sensor_driver(session: Session, url: str, storage: str) -> Iterator[Drive]:
     instance's run launcher, as the daemon does. Dagster is loaded, the instance opened and
     the launcher's warm server started before the emits start (a deployed daemon's is warm
     after its first run), so none of that counts as latency."""
-    from dagster import DagsterInstance, SensorResult, build_sensor_context
+    from dagster import SensorResult, build_sensor_context
 
-    from bench.launch_run import LAG_SENSOR, create_run, launch, settled
+    from bench.launch_run import LAG_SENSOR, create_run, daemon_instance, launch, settled
     from media_hooks.orchestration import run_workers
     from media_hooks.orchestration.definitions import defs
 
-    home = session.dagster_home()
-    env = session.env(url, storage, DAGSTER_HOME=str(home))
     sensor = defs.resolve_sensor_def(LAG_SENSOR)
     launched: list[str] = []
     running: list[str] = []  # launched and not finished when last looked at
@@ -135,8 +133,7 @@ def sensor_driver(session: Session, url: str, storage: str) -> Iterator[Drive]:
             time.sleep(max(0.0, tick + session.size.sensor_interval - time.monotonic()))
         return len(launched)
 
-    with environment(**env), DagsterInstance.from_config(str(home)) as instance:
-        instance.run_launcher.zygote.start()
+    with daemon_instance(session, url, storage) as (instance, env):
         try:
             yield drive
         finally:

@@ -12,8 +12,9 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 from dagster import DagsterInstance, DagsterRun, reconstructable
 from dagster._core.instance.ref import InstanceRef  # private; Dagster is pinned
@@ -23,7 +24,28 @@ from bench.processes import python_command, start
 from media_hooks.orchestration import run_workers
 from media_hooks.orchestration.definitions import deliver_webhooks_job
 
+if TYPE_CHECKING:  # not imported by the fresh interpreter, whose start is measured
+    from bench.session import Session
+
 LAG_SENSOR = "delivery_lag_sensor"
+
+
+@contextmanager
+def daemon_instance(
+    session: Session, url: str, storage: str, *, warm: bool = True
+) -> Iterator[tuple[DagsterInstance, dict[str, str]]]:
+    """An instance of its own DAGSTER_HOME on the session's database and Dagster storage, this
+    process's environment bound to them as a daemon's is, with its launcher's warm server
+    started (``warm``: a deployed daemon's is after its first run); and the environment of a
+    run's process."""
+    from bench.session import environment
+
+    home = session.dagster_home()
+    env = session.env(url, storage, DAGSTER_HOME=str(home))
+    with environment(**env), DagsterInstance.from_config(str(home)) as instance:
+        if warm:
+            instance.run_launcher.zygote.start()
+        yield instance, env
 
 
 def create_run(

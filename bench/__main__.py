@@ -19,7 +19,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from bench import plots, report, suite
+from bench import plots, processes, report, suite
 from bench.scratch import RESULTS
 from bench.sizes import FULL, QUICK, SMOKE
 
@@ -43,7 +43,14 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated measurements: " + ", ".join(suite.MEASUREMENTS),
     )
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results")
+    parser.add_argument(
+        "--own-sessions",
+        action="store_true",
+        help="start each measured process in a session of its own (as setsid or cron do), "
+        "not in a process group of the benchmark's session (see bench/processes.py)",
+    )
     args = parser.parse_args(argv)
+    processes.own_sessions = args.own_sessions
     only = [name for name in args.only.split(",") if name]
     unknown = sorted(set(only) - set(suite.MEASUREMENTS))
     if unknown:

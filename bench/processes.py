@@ -6,6 +6,14 @@ memory of the process and all its descendants is summed every ``SAMPLE_SECONDS``
 that sum is the run's peak RSS. A process still running at its time limit is stopped with its
 whole process group (its forkserver and step processes included) and the run is marked as not
 complete.
+
+Each measured process is a process group of its own inside the harness's session, not a session
+of its own. Linux's autogroup scheduler (``/proc/sys/kernel/sched_autogroup_enabled``) makes
+every session one scheduling group, and PostgreSQL makes every backend a session of its own: on
+a small machine that also runs the server and the receiver, a CPU-bound run in a session of its
+own measured the scheduler's split more than the path (the README's Performance section has the
+figures). ``python -m bench --own-sessions`` measures that arrangement (as ``setsid`` or cron
+start a process).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -28,6 +37,8 @@ SAMPLE_SECONDS = 0.1
 UNTIL_EVERY = 5
 # How long a stopped run may take to end by itself before it is killed.
 STOP_GRACE_SECONDS = 3
+# Set by ``python -m bench --own-sessions``: each measured process in a session of its own.
+own_sessions = False
 
 
 @dataclass(frozen=True)
@@ -117,17 +128,18 @@ def start(
     capture: bool = False,
     log: Path | None = None,
 ) -> subprocess.Popen:
-    """Start ``command`` from the repository root in a session of its own, so that
-    ``stop_group`` reaches everything it starts; its output is captured (text), appended to
-    ``log``, or discarded."""
+    """Start ``command`` from the repository root in a process group of its own (a session
+    of its own with ``own_sessions``), so that ``stop_group`` reaches everything it starts; its
+    output is captured (text), appended to ``log``, or discarded."""
+    grouping: dict[str, Any] = {"start_new_session": True} if own_sessions else {"process_group": 0}
     if log is not None:
         with log.open("a") as output:
             return subprocess.Popen(
-                command, env=env, cwd=REPO, stdout=output, stderr=output, start_new_session=True
+                command, env=env, cwd=REPO, stdout=output, stderr=output, **grouping
             )
     output = subprocess.PIPE if capture else subprocess.DEVNULL
     return subprocess.Popen(
-        command, env=env, cwd=REPO, stdout=output, stderr=output, text=True, start_new_session=True
+        command, env=env, cwd=REPO, stdout=output, stderr=output, text=True, **grouping
     )
 
 
@@ -154,7 +166,7 @@ def run_together(
 
 
 def stop_group(process: subprocess.Popen) -> tuple[str | None, str | None]:
-    """Stop a process started in a session of its own and everything it started; returns
+    """Stop a process started in a process group of its own and everything it started; returns
     what it printed."""
     _signal_group(process, signal.SIGTERM)
     try:
@@ -175,5 +187,5 @@ def _signal_group(process: subprocess.Popen, number: int) -> None:
 
 
 def kill_group(process: subprocess.Popen) -> None:
-    """SIGKILL a process started in a session of its own, with everything it started."""
+    """SIGKILL a process started in a process group of its own, with everything it started."""
     _signal_group(process, signal.SIGKILL)

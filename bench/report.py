@@ -131,6 +131,18 @@ def targets_section(document: Document) -> str:
     )
 
 
+def _grouping(machine: dict[str, Any]) -> str:
+    """Where the measured processes ran, as the scheduler sees it (bench/processes.py); a
+    report from before the choice existed ran them in sessions of their own."""
+    where = (
+        "each in a session of its own (`--own-sessions`)"
+        if machine.get("own_sessions", True)
+        else "each a process group in the benchmark's session"
+    )
+    autogroup = {True: "on", False: "off"}.get(machine.get("autogroup"), "unknown")
+    return f"{where}; the kernel's autogroup scheduling: {autogroup}"
+
+
 def machine_section(document: Document) -> str:
     machine, pg, git = document["machine"], document["postgres"], document["git"]
     rows = [
@@ -142,6 +154,7 @@ def machine_section(document: Document) -> str:
         ["Python", machine["python"]],
         ["platform", machine["platform"]],
         ["PostgreSQL", f"{pg['version']}, {pg['server']}"],
+        ["measured processes", _grouping(machine)],
         [
             "load average (1, 5, 15 min)",
             f"before {machine['load_average_before']}, after {machine['load_average_after']}",

@@ -193,7 +193,16 @@ def machine() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "load_average": [round(x, 2) for x in os.getloadavg()],
+        "autogroup": _autogroup(),
     }
+
+
+def _autogroup() -> bool | None:
+    """Whether the kernel schedules each session as one group (None: not Linux, or unknown)."""
+    try:
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+    except OSError:
+        return None
 
 
 def postgres(url: str) -> dict[str, str]:

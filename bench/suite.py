@@ -25,6 +25,7 @@ from bench import (
     latency,
     memory,
     plots,
+    processes,
     publishers,
     report,
 )
@@ -77,6 +78,7 @@ def run(size: Size, only: Sequence[str], out: Path, command: str) -> dict[str, A
         "measurements": {},
     }
     document["machine"]["load_average_before"] = document["machine"].pop("load_average")
+    document["machine"]["own_sessions"] = processes.own_sessions
     names = [name for name in MEASUREMENTS if not only or name in only]
     with session(size) as bench:
         document["postgres"] = postgres(bench.scratch.server)

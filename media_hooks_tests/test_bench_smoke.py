@@ -50,6 +50,7 @@ def test_smoke_run_writes_a_well_formed_report(server_url: str, tmp_path: Path):
     for key in ("cpu_model", "cpus", "memory_gib", "python", "load_average_before"):
         assert machine[key], key
     assert len(machine["load_average_after"]) == 3
+    assert machine["own_sessions"] is False
     assert document["postgres"]["version"]
     assert set(document["measurements"]) == set(MEASUREMENTS)
 
@@ -82,6 +83,7 @@ def test_smoke_run_writes_a_well_formed_report(server_url: str, tmp_path: Path):
 
     report = (out / "REPORT.md").read_text()
     assert report.startswith("# media_hooks benchmark report")
+    assert "| measured processes | each a process group in the benchmark's session;" in report
     for heading in (
         "## The machine",
         "## Targets",
@@ -94,6 +96,22 @@ def test_smoke_run_writes_a_well_formed_report(server_url: str, tmp_path: Path):
     for filename in document["plots"].values():
         assert f"]({filename})" in report, filename
         assert (out / filename).read_bytes().startswith(PNG_MAGIC), filename
+
+
+@pytest.mark.parametrize("own_sessions", [False, True])
+def test_a_measured_process_leads_its_own_group_in_the_benchmarks_session_unless_asked(
+    monkeypatch: pytest.MonkeyPatch, own_sessions: bool
+):
+    from bench import processes
+
+    monkeypatch.setattr(processes, "own_sessions", own_sessions)
+    child = processes.start(
+        [sys.executable, "-c", "import os; print(os.getsid(0), os.getpgid(0))"], capture=True
+    )
+    out, _ = child.communicate(timeout=30)
+    session, group = map(int, out.split())
+    assert group == child.pid  # stop_group reaches all it starts
+    assert session == (child.pid if own_sessions else os.getsid(0))
 
 
 def test_envelope_excess_is_the_worst_window_over_burst_plus_rate_t():

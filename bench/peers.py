@@ -126,7 +126,10 @@ def install_procrastinate(url: str) -> None:
 
 
 def defer_procrastinate_jobs(url: str, chunk: int = 1000) -> int:
-    """One Procrastinate job per pending delivery, with the same URL and body."""
+    """One Procrastinate job per pending delivery, with the same URL and body; then the jobs
+    table is analyzed, as autovacuum would after such a load. Procrastinate's job fetch is
+    planned from those statistics: without them its worker took 273-291 jobs/s here, with them
+    403-424 (the issue measured it at about 390)."""
     with psycopg.connect(url) as conn:
         rows = conn.execute(PENDING).fetchall()
     app = procrastinate_app(url)
@@ -139,6 +142,8 @@ def defer_procrastinate_jobs(url: str, chunk: int = 1000) -> int:
                     for delivery_id, target, body in rows[start : start + chunk]
                 )
             )
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ANALYZE procrastinate_jobs")
     return len(rows)
 
 

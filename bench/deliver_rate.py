@@ -5,7 +5,9 @@ paths), delivered by:
 
 - ``engine``: ``deliver_due`` in a process of its own (and ``engine_unpinned``: the same with
   ``MEDIA_HOOKS_DELIVERY_CPU=off``, its threads left to the scheduler);
-- ``job``: ``media-hooks run --until-idle --json``;
+- ``job``: ``media-hooks run --until-idle --json``, handed to the warm run server (its default
+  once a server runs: the session starts one), and ``job_cold``: the same with warm runs off,
+  in the command's own process, as a first run (or one with ``MEDIA_HOOKS_WARM_RUNS=off``);
 - ``bare_requests``: one ``requests.Session`` posting the same bodies one after another;
 - ``rejected_design``: the design record's rejected design (select every pending row, POST
   each, mark success inline), one process, one loop;
@@ -76,9 +78,9 @@ def measure(session: Session) -> dict[str, Any]:
 
         return measured
 
-    def job(url: str) -> paths.PathRun:
+    def job(url: str, warm: bool = True) -> paths.PathRun:
         with session.dagster_storage() as storage:
-            return paths.run_job(session, url, storage)
+            return paths.run_job(session, url, storage, warm=warm)
 
     def procrastinate(url: str) -> paths.PathRun:
         peers.defer_procrastinate_jobs(url)
@@ -100,16 +102,19 @@ def measure(session: Session) -> dict[str, Any]:
     else:
         not_measured["procrastinate"] = "not installed (pip install -e '.[bench]')"
     # Last: the slowest path today, it gets what the others leave of the first round's time.
-    if "deliver" in size.job_in:
-        runners["job"] = on_fresh(job)
-    else:
-        not_measured["job"] = f"the job is not run in this measurement at the {size.name} size"
+    for path, warm in (("job", True), ("job_cold", False)):
+        if "deliver" in size.job_in:
+            runners[path] = on_fresh(partial(job, warm=warm))
+        else:
+            not_measured[path] = f"the job is not run in this measurement at the {size.name} size"
     figures = stats.summarize(session.interleaved(runners), list(METRICS))
     pairs = [
         ("engine", "engine_unpinned"),
         ("engine", "bare_requests"),
         ("job", "bare_requests"),
         ("job", "engine"),
+        ("job_cold", "engine"),
+        ("job", "job_cold"),
         ("engine", "rejected_design"),
         ("job", "rejected_design"),
         ("engine", "procrastinate"),
@@ -168,6 +173,10 @@ def measure(session: Session) -> dict[str, Any]:
             "whole wall time, so a path's start-up counts against it, most at small sizes.",
             "steady_per_second: requests the receiver saw per second over the middle 80% of "
             "the run's span, by the receiver's timestamps.",
+            "job: the command hands the run to the warm run server the session started (as "
+            "every `media-hooks run` after the first does while one runs), so its peak RSS is "
+            "the command's alone; job_cold: the same command with MEDIA_HOOKS_WARM_RUNS=off, "
+            "Dagster imported in its own process (a first run's cost), its RSS the run's.",
             "Procrastinate: its sync task runs in a thread pool sized to the concurrency; the "
             "jobs are deferred before the worker starts (not timed), as the rows are emitted "
             "before the engine starts.",
@@ -184,15 +193,16 @@ def measure_fixed_cost(session: Session) -> dict[str, Any]:
         template = f"deliver-{count}-{rows}"
         session.scratch.template(template, seeded(session, count, rows, 4, False))
 
-        def run(template: str = template, rows: int = rows) -> dict:
+        def run(template: str = template, rows: int = rows, warm: bool = True) -> dict:
             with (
                 session.scratch.database(template) as url,
                 session.dagster_storage() as storage,
             ):
-                return paths.run_job(session, url, storage).figures(expected=rows)
+                return paths.run_job(session, url, storage, warm=warm).figures(expected=rows)
 
         runners[f"job_{count}_destinations"] = run
         if count == 1:
+            runners["job_cold_1_destination"] = partial(run, warm=False)
             for path, warm in (("launched_warm", True), ("launched_fresh", False)):
                 runners[path] = partial(launched_run, session, template, rows, warm=warm)
     figures = stats.summarize(session.interleaved(runners), ["seconds"])
@@ -210,7 +220,11 @@ def measure_fixed_cost(session: Session) -> dict[str, Any]:
         "size": {"destinations": list(counts), "deliveries_per_destination": 20},
         "figures": figures,
         "derived": {"seconds_per_extra_destination": slope},
-        "ratios": stats.ratios(figures, [("launched_warm", "launched_fresh")], "seconds"),
+        "ratios": stats.ratios(
+            figures,
+            [("launched_warm", "launched_fresh"), ("job_1_destinations", "job_cold_1_destination")],
+            "seconds",
+        ),
         "targets": [
             stats.target(
                 "a run of 20 deliveries to one destination under 3 s wall (issue 13, part 1)",
@@ -224,10 +238,14 @@ def measure_fixed_cost(session: Session) -> dict[str, Any]:
                 slope,
                 0.05,
                 at_most=True,
-                depends=figures.values(),
+                depends=[figures[f"job_{n}_destinations"] for n in counts],
             ),
         ],
         "notes": [
+            "job_N_destinations: the command hands its run to the session's warm run server "
+            "(as every run after the first does while one runs); job_cold_1_destination: "
+            "the same with MEDIA_HOOKS_WARM_RUNS=off, Dagster imported in the command's own "
+            "process, as a first run.",
             "launched_warm: a run of the same 20 deliveries launched as the daemon launches "
             "the schedule's, the lag sensor's and the Launchpad's, through the instance's "
             "WarmRunLauncher (its server already started, as after a daemon's first run); "

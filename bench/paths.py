@@ -2,7 +2,8 @@
 
 Through stable interfaces only, so the figures survive a redesign of the job's internals:
 
-- the job: ``media-hooks run --until-idle --json`` (CONTRACT.md), a subprocess;
+- the job: ``media-hooks run --until-idle --json`` (CONTRACT.md), a subprocess (which hands
+  the run to the session's warm run server, or, cold, runs it itself);
 - the engine: ``media_hooks.delivery_run.deliver_due(pool, run_id, settings, ...)`` in a
   process of its own (``bench.run_peer engine``), its batches in threads;
 - the peers (``bench.peers``): a bare ``requests`` loop, the design record's rejected design
@@ -100,10 +101,15 @@ def run_job(
     storage: str,
     timeout: float | None = None,
     until: Callable[[], bool] | None = None,
+    *,
+    warm: bool = True,
 ) -> PathRun:
-    """``media-hooks run --until-idle --json``: the Dagster job, as the CLI runs it."""
+    """``media-hooks run --until-idle --json``: the Dagster job, as the CLI runs it: handed to
+    the session's warm run server (the command's default once one runs), or with ``warm``
+    false in the command's own process, as its first run, or any with warm runs off, does."""
     command = python_command("media_hooks.cli", "run", "--until-idle", "--json")
-    return _run(session, "job", [command], session.env(url, storage), timeout, until)
+    env = session.env(url, storage, **({} if warm else {"MEDIA_HOOKS_WARM_RUNS": "off"}))
+    return _run(session, "job", [command], env, timeout, until)
 
 
 def run_engine(

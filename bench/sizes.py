@@ -83,8 +83,8 @@ FULL = Size(
     seconds={
         "emit": 50,
         "claim": 100,
-        "deliver": 200,
-        "fixed_cost": 100,
+        "deliver": 240,
+        "fixed_cost": 60,
         "publishers": 260,
         "fidelity": 70,
         "latency": 120,

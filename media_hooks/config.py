@@ -41,6 +41,11 @@ LOCK_TIMEOUT = Range(0.01, 600, low_inclusive=True, unit="seconds")
 STATEMENT_TIMEOUT = Range(1, DAY_SECONDS, low_inclusive=True, unit="seconds")
 
 
+def home_from_env() -> Path:
+    """MEDIA_HOOKS_HOME: the project's files (embedded server, logs, run server), absolute."""
+    return Path(os.environ.get("MEDIA_HOOKS_HOME") or ".media_hooks").absolute()
+
+
 @dataclass(frozen=True)
 class Settings:
     database_url: str | None
@@ -64,7 +69,7 @@ class Settings:
     def from_env(cls) -> Settings:
         return cls(
             database_url=os.environ.get("MEDIA_HOOKS_DATABASE_URL") or None,
-            home=Path(os.environ.get("MEDIA_HOOKS_HOME") or ".media_hooks").absolute(),
+            home=home_from_env(),
             lease_seconds=from_env("MEDIA_HOOKS_LEASE_SECONDS", 90.0, SECONDS_UP_TO_A_DAY),
             enqueue_timeout_seconds=from_env(
                 "MEDIA_HOOKS_ENQUEUE_TIMEOUT_SECONDS", 3600.0, SECONDS_UP_TO_30_DAYS

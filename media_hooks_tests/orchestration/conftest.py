@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from media_hooks.orchestration import instance as instance_module
 from media_hooks.orchestration.instance import STORAGE_VARIABLE
 from media_hooks.orchestration.ops.delivery import DELIVERY_POOL
 from media_hooks.orchestration.running import DeliveryRun, execute_delivery
-from media_hooks.receiver import Receiver
+from media_hooks.receiver import Receiver, Reply
 from media_hooks_tests.conftest import create_database, drop_database, with_database
 
 # The multiprocess executor, for tests whose steps must die alone (a crash point kills its process).
@@ -92,6 +93,23 @@ def own_instance(own_instance_module: DagsterInstance) -> DagsterInstance:
     own_instance_module.wipe()
     own_instance_module.event_log_storage.delete_concurrency_limit(DELIVERY_POOL)
     return own_instance_module
+
+
+class Gate:
+    """A receiver script: hold each request (the effect is committed) until opened."""
+
+    def __init__(self) -> None:
+        self.open = threading.Event()
+
+    def __call__(self, info) -> Reply:
+        return Reply() if self.open.is_set() else Reply(delay_seconds=120)
+
+
+@pytest.fixture
+def gated() -> Iterator[tuple[Receiver, Gate]]:
+    gate = Gate()
+    with Receiver(script=gate) as receiver:
+        yield receiver, gate
 
 
 @pytest.fixture

@@ -12,9 +12,7 @@ import json
 import os
 import signal
 import subprocess
-import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 from dagster import DagsterEventType, DagsterRunStatus, RunsFilter
@@ -45,23 +43,6 @@ def pool_of_one(own_instance):
     """The delivery pool limited to one step at a time: one leaked slot stops every run."""
     own_instance.event_log_storage.set_concurrency_slots(DELIVERY_POOL, 1)
     return own_instance.event_log_storage
-
-
-class Gate:
-    """A receiver script: hold each request (the effect is committed) until opened."""
-
-    def __init__(self) -> None:
-        self.open = threading.Event()
-
-    def __call__(self, info) -> Reply:
-        return Reply() if self.open.is_set() else Reply(delay_seconds=120)
-
-
-@pytest.fixture
-def gated() -> Iterator[tuple[Receiver, Gate]]:
-    gate = Gate()
-    with Receiver(script=gate) as receiver:
-        yield receiver, gate
 
 
 def _start_cli(*args: str, env: dict[str, str]) -> subprocess.Popen:

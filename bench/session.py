@@ -20,12 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from bench import processes
 from bench.fast_receiver import fast_receiver
 from bench.processes import REPO, python_command
 from bench.scratch import Scratch, database_name, server_url
 from bench.sizes import Size
 
 T = TypeVar("T")
+# A run stopped within this much of its time slice's end was stopped by the slice.
+REPEAT_CUT_SECONDS = 1.0
 INSTANCE_TEMPLATE = REPO / "dagster.yaml"
 
 
@@ -116,7 +119,8 @@ class Session:
         leaves over goes to the next: put the slow paths last); a run still going at the end
         of its share is stopped and marked incomplete. After it, a path runs again only while
         its last run fits in the time left, so a slow path costs its own repeats, not the
-        others'; a path whose run did not complete is not run again."""
+        others'; a path whose run did not complete is not run again, and a repeat stopped
+        because the time ran out is dropped."""
         results: dict[str, list[T]] = {path: [] for path in paths}
         last: dict[str, float] = {}
         for number in range(self.size.rounds):
@@ -129,9 +133,15 @@ class Session:
                 began = time.monotonic()
                 with self.share(len(paths) - position if not number else 1):
                     result = run()
+                incomplete = isinstance(result, dict) and result.get("complete") is False
+                if incomplete and number and self.remaining() <= REPEAT_CUT_SECONDS:
+                    # A repeat the measurement's time ran out on measured the clock, not the
+                    # path (its first run completed): it is dropped, and the path not repeated.
+                    last.pop(path)
+                    continue
                 results[path].append(result)
                 last[path] = time.monotonic() - began
-                if isinstance(result, dict) and result.get("complete") is False:
+                if incomplete:
                     last.pop(path)
         return results
 
@@ -156,13 +166,22 @@ def warm_run_server(home: Path) -> Iterator[None]:
     """The warm run server ``media-hooks run`` hands its runs to (``media_hooks.cli.warm``),
     started before the first job is measured, as after an operator's first run, and stopped
     with the session. Started here, not by the first measured run: its start (Dagster's
-    import) would otherwise fall on whatever the benchmark measures next."""
+    import) would otherwise fall on whatever the benchmark measures next. It stays in the
+    session of the command that starts it, as the runs forked from it do: the benchmark's, or
+    with ``--own-sessions`` one of its own (see ``bench.processes``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MEDIA_HOOKS_", "DAGSTER_"))}
     env.update(MEDIA_HOOKS_HOME=str(home), PYTHONPATH=str(REPO))
 
     def warm(action: str) -> None:
         command = python_command("media_hooks.cli", "warm", action)
-        subprocess.run(command, env=env, cwd=REPO, check=True, capture_output=True)
+        subprocess.run(
+            command,
+            env=env,
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+            start_new_session=processes.own_sessions,
+        )
 
     warm("start")
     try:

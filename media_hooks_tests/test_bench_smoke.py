@@ -181,3 +181,33 @@ def test_the_soak_publisher_flags_rate_and_in_flight_violations():
     assert not found["paced"]["rate_violation"]
     assert found["bursty"]["rate_violation"] and found["bursty"]["max_in_flight"] == 9
     assert found["slow"]["max_in_flight"] == 2 and not found["slow"]["rate_violation"]
+
+
+def test_a_repeat_the_measurements_time_ran_out_on_is_dropped(monkeypatch, tmp_path: Path):
+    import dataclasses
+    from types import SimpleNamespace
+
+    from bench import session as session_module
+    from bench.sizes import SMOKE
+
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(session_module, "time", SimpleNamespace(monotonic=lambda: clock.now))
+    timed = session_module.Session(
+        dataclasses.replace(SMOKE, rounds=3), None, "", tmp_path, deadline=10.0
+    )
+    slow_runs = iter([(3.0, True), (None, False)])
+
+    def quick() -> dict:
+        clock.now += 1.0
+        return {"complete": True, "path": "quick"}
+
+    def slow() -> dict:
+        seconds, complete = next(slow_runs)
+        # The repeat runs into the end of its slice and is stopped there.
+        clock.now = clock.now + seconds if seconds else timed.deadline
+        return {"complete": complete, "path": "slow"}
+
+    results = timed.interleaved({"quick": quick, "slow": slow})
+
+    assert results["slow"] == [{"complete": True, "path": "slow"}]
+    assert len(results["quick"]) == 2  # the third round found no time left

@@ -72,13 +72,24 @@ def socket_path(home: Path) -> Path | None:
     return path if len(os.fsencode(path)) <= _MAX_SOCKET_PATH else None
 
 
+def _ignored() -> list[int]:
+    """The signals this process was started ignoring (``nohup``, a script's ``&``): the child
+    ignores them too, as the command in its own process would."""
+    return [signum for signum in FORWARDED if signal.getsignal(signum) == signal.SIG_IGN]
+
+
 class _Forwarder:
     """Passes the signals this process gets on to the child; remembers those before it."""
 
     def __init__(self) -> None:
         self.child: int | None = None
         self.pending: list[int] = []
-        self._saved = {signum: signal.signal(signum, self._handle) for signum in FORWARDED}
+        ignored = _ignored()
+        self._saved = {
+            signum: signal.signal(signum, self._handle)
+            for signum in FORWARDED
+            if signum not in ignored
+        }
 
     def _handle(self, signum: int, _frame: object) -> None:
         if self.child is None:
@@ -110,9 +121,14 @@ def _receive(conn: socket.socket) -> dict | None:
 
 
 def _request(words: list[str]) -> bytes:
-    return json.dumps(
-        {"argv": words, "env": dict(os.environ), "cwd": os.getcwd(), "path": sys.path}
-    ).encode()
+    message = {
+        "argv": words,
+        "env": dict(os.environ),
+        "cwd": os.getcwd(),
+        "path": sys.path,
+        "ignored": _ignored(),
+    }
+    return json.dumps(message).encode()
 
 
 def hand_over(words: list[str]) -> int | None:

@@ -201,6 +201,8 @@ def _run_child(conn: socket.socket, fds: list[int], message: dict) -> None:
         for signum in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
             signal.signal(signum, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        for signum in message["ignored"]:  # as the caller was started
+            signal.signal(signum, signal.SIG_IGN)
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import stat
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from media_hooks import crashpoints
 from media_hooks.cli import warm
 from media_hooks.orchestration import run_workers
 from media_hooks.receiver import Receiver, Reply
-from media_hooks_tests.conftest import run_cli, start_cli
+from media_hooks_tests.conftest import REPO, run_cli, start_cli
 from media_hooks_tests.factories import add_deliveries, add_destination, states
 
 DEADLINE_SECONDS = 60.0
@@ -165,6 +166,31 @@ def test_ctrl_c_reaches_the_run_which_hands_back_its_rows(env, conn, own_instanc
     left = states(conn)
     assert 2 <= left.get("succeeded", 0) < 6, left
     assert left.keys() <= {"succeeded", "pending"}, left
+
+
+def test_a_signal_the_command_was_started_ignoring_does_not_reach_its_run(
+    env, conn, own_instance, server
+):
+    with Receiver(script=lambda info: Reply(delay_seconds=1)) as slow:
+        add_destination(conn, "cdn", slow.url, max_in_flight=1)
+        add_deliveries(conn, "cdn", 3)
+
+        # As `nohup` or a script's `&` starts it: SIGINT ignored, and so in its own process.
+        command = subprocess.Popen(
+            [sys.executable, "-m", "media_hooks.cli", "run", "--json"],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )
+        assert slow.wait_for(lambda r: r.max_in_flight >= 1, timeout=120), command.stderr
+        command.send_signal(signal.SIGINT)
+        out, err = command.communicate(timeout=120)
+
+    assert command.returncode == 0, err
+    assert json.loads(out)["runs"][0]["succeeded"] == 3
 
 
 def test_a_killed_command_takes_its_run_with_it_and_the_next_run_recovers_it(

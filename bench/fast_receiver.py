@@ -145,7 +145,11 @@ def fast_receiver(host: str = "127.0.0.1") -> Iterator[str]:
         yield f"http://{host}:{int(line.split()[1])}/"
     finally:
         process.terminate()
-        process.wait(timeout=10)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # started ignoring SIGTERM, as its parent was
+            process.kill()
+            process.wait()
 
 
 def answered(url: str) -> int:

@@ -40,6 +40,7 @@ from media_hooks.orchestration import zygote
 # environment larger than this is refused, and the caller runs the command itself).
 MAX_MESSAGE_BYTES = 1 << 20
 BACKLOG = 16
+REQUEST_TIMEOUT_SECONDS = 5.0
 
 
 def peer_uid(conn: socket.socket) -> int:
@@ -165,7 +166,11 @@ def _request(conn: socket.socket) -> tuple[dict, list[int]] | None:
     try:
         if peer_uid(conn) != os.getuid():
             raise ValueError("a caller of another user")
+        # The server answers one caller at a time: one that connects and stalls must not
+        # hold up the rest (a caller sends its request as it connects).
+        conn.settimeout(REQUEST_TIMEOUT_SECONDS)
         data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE_BYTES, 3)
+        conn.settimeout(None)
         if len(fds) != 3:
             raise ValueError("a request without its three streams")
         return json.loads(data), fds

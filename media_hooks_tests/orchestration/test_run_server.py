@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -133,6 +134,20 @@ def test_a_misspelt_switch_is_one_line_and_exit_2(env):
 
     assert done.returncode == 2
     assert done.stderr == "media-hooks: MEDIA_HOOKS_WARM_RUNS must be 'on' or 'off', got 'yes'\n"
+
+
+def test_a_caller_that_connects_and_says_nothing_does_not_hold_up_the_next(
+    env, home, conn, receiver, own_instance, server
+):
+    add_destination(conn, "cdn", receiver.url)
+    add_deliveries(conn, "cdn", 2)
+    (running,) = warm.servers(home)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as silent:
+        silent.connect(str(running.socket))
+
+        command, worker = _one_run(env, own_instance, succeeded=2)
+
+    assert worker.pid not in (command.pid, server)  # handed over, not run cold
 
 
 def test_a_usage_error_is_one_line_and_exit_2(env, server):

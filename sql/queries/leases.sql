@@ -49,9 +49,9 @@ FROM media_hooks_lease_v2(%(run_id)s, %(delivery_ids)s, %(message_ids)s, %(lease
 -- keeps: the rate limits (no lease without a permit, no permit kept without a lease: a stale
 --   message spends no start token; a start counts from the moment it may start, and never
 --   before its lease is made, however long the lease waited on a lock) and invariants 3, 4, 5
---   and 9 (media_hooks_lease_with_permits_v3, migration 0014).
+--   and 9 (media_hooks_lease_with_permits_v4, migration 0015: the limiter row written once).
 SELECT *
-FROM media_hooks_lease_with_permits_v3(
+FROM media_hooks_lease_with_permits_v4(
     %(destination_id)s, %(holder)s, %(hold_seconds)s, %(slot_poll_seconds)s,
     %(disabled_poll_seconds)s, %(ahead_seconds)s, %(release_slots)s, %(run_id)s,
     %(delivery_ids)s, %(message_ids)s);

@@ -33,6 +33,7 @@ import struct
 import sys
 import threading
 from pathlib import Path
+from typing import NoReturn
 
 from media_hooks.orchestration import zygote
 
@@ -196,13 +197,13 @@ def _forget_project() -> None:
         del sys.modules[name]
 
 
-def _run_child(conn: socket.socket, fds: list[int], message: dict) -> None:
+def _run_child(conn: socket.socket, fds: list[int], message: dict) -> NoReturn:
     try:
         send(conn, {"pid": os.getpid()})
     except OSError:
         os._exit(1)  # the caller gave up waiting (and runs the command itself): nothing began
-    code = 1
-    try:
+
+    def run() -> int:
         for signum in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
             signal.signal(signum, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -222,20 +223,9 @@ def _run_child(conn: socket.socket, fds: list[int], message: dict) -> None:
         _forget_project()
         from media_hooks.cli import run_in_this_process
 
-        code = run_in_this_process()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # noqa: BLE001 - the child must end here, whatever happened
-        import traceback
+        return run_in_this_process()
 
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code)
+    zygote.end_child(run)
 
 
 def _hold_lock(socket_path: Path) -> int | None:

@@ -22,6 +22,8 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
+from typing import NoReturn
 
 # Imported by the server, inherited by every child.
 PRELOAD = (
@@ -78,23 +80,38 @@ def execute(run_id: str, instance_ref: str) -> int:
             raise
 
 
-def _child(request: dict) -> None:
-    # The server's dispositions are not the run's: its subprocesses are waited for, and an
-    # interrupt (a terminate request, Ctrl-C) cancels it.
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    os.dup2(2, 1)  # stdout is the launcher's pipe: the run prints where the server's errors go
+def end_child(work: Callable[[], int]) -> NoReturn:
+    """Run a forked child's ``work`` and end the child with its status, whatever happens: a
+    child never returns into its server's loop. An unexpected exception is printed (status
+    1); the streams are flushed first, since ``os._exit`` skips it."""
     code = 1
     try:
-        code = execute(request["run_id"], request["instance_ref"])
+        code = work()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - the child must end here, whatever happened
         import traceback
 
         traceback.print_exc()
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
         os._exit(code)
+
+
+def _child(request: dict) -> NoReturn:
+    def run() -> int:
+        # The server's dispositions are not the run's: its subprocesses are waited for, and an
+        # interrupt (a terminate request, Ctrl-C) cancels it.
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.dup2(2, 1)  # stdout is the launcher's pipe: the run prints where the server's errors go
+        return execute(request["run_id"], request["instance_ref"])
+
+    end_child(run)
 
 
 def serve(requests, replies) -> None:

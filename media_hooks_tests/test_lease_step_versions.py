@@ -36,6 +36,8 @@ SELECT delivery_id, state, attempt_count, budget_used, lease_token IS NOT NULL A
 FROM webhook_delivery ORDER BY delivery_id
 """
 ATTEMPTS = "SELECT delivery_id, attempt_no, run_id FROM delivery_attempt ORDER BY 1, 2"
+# What a step answers that does not depend on the clock.
+ANSWERED = ("examined", "reason", "slot", "delivery_id", "attempt_no", "budget_used")
 
 
 def _dispatched(conn: psycopg.Connection, count: int, **limits) -> list[Message]:
@@ -81,11 +83,7 @@ def _what_it_did(conn: psycopg.Connection, version: str, params: dict) -> dict:
         answered = rows[0]["answered_at"]
         return {
             "exact": {
-                "answer": [
-                    {k: row[k] for k in ("examined", "reason", "slot", "delivery_id")}
-                    | {"attempt_no": row["attempt_no"], "budget_used": row["budget_used"]}
-                    for row in rows
-                ],
+                "answer": [{k: row[k] for k in ANSWERED} for row in rows],
                 "holders": limiter["slot_holder"],
                 "held": [until is not None for until in limiter["slot_until"] or []],
                 "deliveries": conn.execute(DELIVERIES).fetchall(),

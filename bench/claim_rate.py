@@ -6,8 +6,9 @@ At each page size:
   reconciler;
 - ``two``: two reconcilers at once, each on its own connection in its own thread (SKIP LOCKED
   divides the rows; the work is the server's, so threads stand for processes here);
-- ``bare``: the ``claim_due_page`` statement alone in a loop, a transaction per page: the
-  floor, so ``one / bare`` is what the reconciler's Python costs.
+- ``bare``: the ``claim_due_page`` statement alone in a loop, a transaction per page (after
+  ``plan_by_index``, as the reconciler runs a whole cohort's pages): the floor, so
+  ``one / bare`` is what the reconciler's Python costs.
 
 And ``sketch``: the design record's ``enqueue_due_page`` as written (a page selected FOR
 UPDATE SKIP LOCKED, then an INSERT and an UPDATE per row, page size 250), adapted only to
@@ -79,6 +80,7 @@ def bare(url: str, page_size: int) -> int:
     with _connect(url) as conn:
         while True:
             with conn.transaction():
+                conn.execute(query("plan_by_index"))  # as the reconciler runs a whole cohort's
                 claimed = sum(r["claimed"] for r in conn.execute(statement, params).fetchall())
             total += claimed
             if claimed < page_size:

@@ -386,6 +386,19 @@ def test_due_destinations_probe_the_index_whatever_the_statistics_say(unanalyzed
     assert _delivery_indexes(plan["Plan"]) == {"webhook_delivery_due_by_destination"}
 
 
+def test_the_reconciler_reads_the_due_index_in_order_whatever_the_statistics_say(unanalyzed):
+    """claim_due of the whole outbox, page after page: each page reads the due index in order
+    and stops at its page (without statistics the planner read every due row, then sorted)."""
+    with _explaining(unanalyzed) as plans:
+        claimed = claim_due(unanalyzed, "r", Cohort(), page_size=250, max_rows=500)
+    pages = [p for p in plans if "INSERT INTO dispatch_outbox" in p.get("Query Text", "")]
+    assert (claimed.claimed, len(pages)) == (500, 2)
+    for page in pages:
+        assert _seq_scans(page["Plan"]) == []
+        assert _sorts_of_deliveries(page["Plan"]) == []
+        assert "webhook_delivery_due" in _delivery_indexes(page["Plan"])
+
+
 @pytest.fixture(scope="module")
 def ordered(server_url, template_name):
     """A destination ordering by asset with a backlog recorded by the bulk emit: 5,000 assets,

@@ -85,7 +85,9 @@ SELECT EXISTS (SELECT 1 FROM dispatch_outbox WHERE run_id = %(run_id)s) AS dispa
 --   (autovacuum may be slow or off), and then the planner guesses: it read a destination's due
 --   rows by the wrong index and sorted them, or every destination's, before the first one.
 --   The statements that run after it (due_destinations, claim_destination_page) each have a plan
---   by webhook_delivery_due_by_destination in order, which these settings leave the cheapest.
+--   by webhook_delivery_due_by_destination in order, which these settings leave the cheapest;
+--   so has claim_due_page by webhook_delivery_due, for a cohort naming no destination (the
+--   reconciler runs it so only then: a destination's rows have their own index to narrow by).
 SELECT set_config('enable_seqscan', 'off', true), set_config('enable_sort', 'off', true);
 
 -- name: due_destinations

@@ -30,6 +30,28 @@ from media_hooks.db import with_database
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--database-tests-only",
+        action="store_true",
+        help="run only the tests that reach a PostgreSQL server (they use server_url): CI's "
+        "pass on a second PostgreSQL version, where the others would prove nothing new",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--database-tests-only"):
+        return
+    # fixturenames is the closure: a test using conn or cli_env uses server_url through them.
+    served: list[pytest.Item] = []
+    unserved: list[pytest.Item] = []
+    for item in items:
+        (served if "server_url" in getattr(item, "fixturenames", ()) else unserved).append(item)
+    if unserved:
+        config.hook.pytest_deselected(items=unserved)
+        items[:] = served
+
+
 @pytest.fixture(scope="session")
 def server_url() -> Iterator[str]:
     configured = os.environ.get("MEDIA_HOOKS_TEST_DATABASE_URL")

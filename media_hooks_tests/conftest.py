@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -85,11 +86,109 @@ def create_database(server: str, template: str | None = None) -> str:
     return name
 
 
-def drop_database(server: str, name: str) -> None:
+def _drop_now(server: str, name: str) -> None:
     with _admin(server) as conn:
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
         )
+
+
+class _Clones:
+    """Clones of the session's template made ahead, and finished tests' databases dropped, on a
+    thread of its own.
+
+    A CREATE DATABASE takes about half a second of the server's time on these machines
+    (PostgreSQL 15 and 18, 2 cores), longer than most tests; made while the test before runs,
+    each test's database is ready when it starts. Each is still a fresh clone no other test
+    has touched.
+    """
+
+    AHEAD = 2
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._ready: list[str] = []
+        self._finished: list[tuple[str, str]] = []
+        self._failures: list[str] = []
+        self._source: tuple[str, str] | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    def start(self, server: str, template: str) -> None:
+        self._source, self._stopping = (server, template), False
+        self._thread = threading.Thread(target=self._work, name="test-databases", daemon=True)
+        self._thread.start()
+
+    def take(self) -> str:
+        """A fresh clone of the template (waits for the one being made)."""
+        with self._changed:
+            while not self._ready:
+                assert self._thread is not None and self._thread.is_alive(), self._failures
+                self._changed.wait(timeout=1.0)
+            self._changed.notify_all()
+            return self._ready.pop(0)
+
+    def drop_later(self, server: str, name: str) -> bool:
+        """Queue a drop; False once stopped (the caller drops it itself)."""
+        with self._changed:
+            if self._thread is None or self._stopping:
+                return False
+            self._finished.append((server, name))
+            self._changed.notify_all()
+            return True
+
+    def stop(self) -> None:
+        """Drop every queued and unused database, and end the thread."""
+        if self._thread is None:
+            return
+        with self._changed:
+            self._stopping = True
+            self._changed.notify_all()
+        self._thread.join()
+        self._thread = None
+        assert not self._failures, self._failures
+
+    def _next(self) -> tuple[str, str] | None:
+        """What to do next: ("create", "") or ("drop", name); None to end."""
+        with self._changed:
+            while True:
+                if not self._ready and not self._stopping:
+                    return "create", ""
+                if self._finished:
+                    return "drop", self._finished.pop(0)[1]
+                if self._stopping:
+                    return ("drop", self._ready.pop()) if self._ready else None
+                if len(self._ready) < self.AHEAD:
+                    return "create", ""
+                self._changed.wait()
+
+    def _work(self) -> None:
+        assert self._source is not None
+        server, template = self._source
+        while (job := self._next()) is not None:
+            action, name = job
+            try:
+                if action == "drop":
+                    _drop_now(server, name)
+                    continue
+                made = create_database(server, template)
+            except psycopg.Error as exc:
+                with self._changed:
+                    self._failures.append(f"{action} {name}: {exc}")
+                    self._changed.notify_all()
+                return
+            with self._changed:
+                self._ready.append(made)
+                self._changed.notify_all()
+
+
+_CLONES = _Clones()
+
+
+def drop_database(server: str, name: str) -> None:
+    """Drop ``name``: soon, by the clones' thread while it runs; otherwise now."""
+    if not _CLONES.drop_later(server, name):
+        _drop_now(server, name)
 
 
 @pytest.fixture(scope="session")
@@ -97,14 +196,16 @@ def template_name(server_url: str) -> Iterator[str]:
     name = create_database(server_url)
     with psycopg.connect(with_database(server_url, name), autocommit=True) as conn:
         migrations.migrate(conn)
+    _CLONES.start(server_url, name)
     yield name
+    _CLONES.stop()
     drop_database(server_url, name)
 
 
 @pytest.fixture
 def database_url(server_url: str, template_name: str) -> Iterator[str]:
     """A fresh, migrated database of its own for this test."""
-    name = create_database(server_url, template=template_name)
+    name = _CLONES.take()
     yield with_database(server_url, name)
     drop_database(server_url, name)
 

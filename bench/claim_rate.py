@@ -80,7 +80,7 @@ def bare(url: str, page_size: int) -> int:
     with _connect(url) as conn:
         while True:
             with conn.transaction():
-                conn.execute(query("plan_by_index"))  # as the reconciler runs a whole cohort's
+                conn.execute(query("plan_by_index"))  # as the reconciler claims a whole cohort
                 claimed = sum(r["claimed"] for r in conn.execute(statement, params).fetchall())
             total += claimed
             if claimed < page_size:

@@ -108,7 +108,7 @@ class _Clones:
     def __init__(self) -> None:
         self._changed = threading.Condition()
         self._ready: list[str] = []
-        self._finished: list[tuple[str, str]] = []
+        self._finished: list[str] = []
         self._failures: list[str] = []
         self._source: tuple[str, str] | None = None
         self._thread: threading.Thread | None = None
@@ -129,11 +129,12 @@ class _Clones:
             return self._ready.pop(0)
 
     def drop_later(self, server: str, name: str) -> bool:
-        """Queue a drop; False once stopped (the caller drops it itself)."""
+        """Queue a drop of a database on the template's server; False when stopped or for
+        another server (the caller drops it itself)."""
         with self._changed:
-            if self._thread is None or self._stopping:
+            if self._stopping or self._source is None or server != self._source[0]:
                 return False
-            self._finished.append((server, name))
+            self._finished.append(name)
             self._changed.notify_all()
             return True
 
@@ -155,7 +156,7 @@ class _Clones:
                 if not self._ready and not self._stopping:
                     return "create", ""
                 if self._finished:
-                    return "drop", self._finished.pop(0)[1]
+                    return "drop", self._finished.pop(0)
                 if self._stopping:
                     return ("drop", self._ready.pop()) if self._ready else None
                 if len(self._ready) < self.AHEAD:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from bench import paths, peers, stats
+from bench import cpu, paths, peers, stats
 from bench.fast_receiver import take_log
 from bench.scratch import add_destinations, add_due_deliveries, spread, unlimited_destinations
 from bench.session import Session
@@ -40,6 +40,7 @@ METRICS = {
     "steady_per_second": "deliveries/s in steady state (receiver's timestamps)",
     "seconds": "process wall time, s",
     "peak_rss_mib": "peak RSS of the process tree, MiB",
+    **cpu.METRICS,
 }
 FIXED_COST_PER_DESTINATION = 20
 

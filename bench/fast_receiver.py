@@ -11,7 +11,8 @@ timer, never on a thread, so a thousand slow requests in flight cost nothing. Ev
 recorded when its head and body have arrived (its start, as the receiver sees it): its
 wall-clock time (``time.time()``, comparable with the harness's on this machine), its path and
 its ``webhook-id``. ``GET /log`` returns the records since the last ``GET /log`` and forgets
-them; ``GET /stats`` returns the number of requests answered so far.
+them; ``GET /stats`` returns the number of requests answered so far and the CPU seconds the
+receiver has used (user + system).
 
     from bench.fast_receiver import fast_receiver, take_log
     with fast_receiver() as url:   # "http://127.0.0.1:PORT/"
@@ -26,6 +27,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -110,7 +112,9 @@ class _Http(asyncio.Protocol):
     def _answer(head: bytes) -> tuple[bytes, float]:
         method, path = head.split(b" ", 2)[:2]
         if method == b"GET" and path == b"/stats":
-            return _json_answer({"requests": _Server.answered}), 0.0
+            used = os.times()
+            document = {"requests": _Server.answered, "cpu_seconds": used.user + used.system}
+            return _json_answer(document), 0.0
         if method == b"GET" and path == b"/log":
             taken, _Server.log = _Server.log, []
             return _json_answer(taken), 0.0
@@ -152,11 +156,20 @@ def fast_receiver(host: str = "127.0.0.1") -> Iterator[str]:
             process.wait()
 
 
-def answered(url: str) -> int:
-    """How many requests the receiver at ``url`` has answered since it started."""
+def _stats(url: str) -> dict:
     with requests.Session() as session:
         session.trust_env = False
-        return session.get(url + "stats", timeout=30).json()["requests"]
+        return session.get(url + "stats", timeout=30).json()
+
+
+def answered(url: str) -> int:
+    """How many requests the receiver at ``url`` has answered since it started."""
+    return _stats(url)["requests"]
+
+
+def receiver_cpu_seconds(url: str) -> float:
+    """The CPU seconds the receiver at ``url`` has used since it started."""
+    return _stats(url)["cpu_seconds"]
 
 
 def take_log(url: str) -> list[Start]:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bench import stats
+from bench import cpu, stats
 from bench.fast_receiver import Start, take_log
 from bench.processes import Finished, python_command, run_together
 from bench.session import Session
@@ -36,6 +36,9 @@ class PathRun:
     # What the process said about itself: its JSON document (a list of them for several
     # processes at once; None when it printed none).
     reported: Any
+    # CPU seconds during the run: the machine's, the server's (None: not on this machine),
+    # the receiver's and the delivering side's (bench.cpu).
+    cpu_seconds: dict[str, float | None] | None = None
 
     @property
     def delivered(self) -> int:
@@ -60,11 +63,27 @@ class PathRun:
             "per_second": self.delivered / self.finished.seconds,
             "steady_per_second": stats.steady_rate(times),
             "peak_rss_mib": self.finished.peak_rss_mib,
+            **self.cpu_figures(),
         }
         if not complete:
             why = self.finished.failure() if not self.finished.complete else "not all delivered"
             figures["error"] = f"{why} ({self.delivered} of {expected} delivered)"
         return figures
+
+    def cpu_figures(self) -> dict[str, float | None]:
+        """CPU per delivery in ms: the whole machine's, the database server's and the
+        delivering side's (the engine, the job and its Dagster processes, or a peer)."""
+        spent = self.cpu_seconds or {}
+
+        def per_delivery(part: str) -> float | None:
+            total = spent.get(part)
+            return None if total is None or not self.delivered else total * 1000 / self.delivered
+
+        return {
+            "machine_cpu_ms_per_delivery": per_delivery("machine"),
+            "server_cpu_ms_per_delivery": per_delivery("server"),
+            "client_cpu_ms_per_delivery": per_delivery("client"),
+        }
 
 
 def _run(
@@ -78,9 +97,12 @@ def _run(
     take_log(session.receiver)  # whatever an earlier run left
     # No run outlives the session's time limit (a second to stop it cleanly).
     limit = min(timeout or session.size.run_timeout, max(1.0, session.remaining()))
+    server = cpu.postmaster(env["MEDIA_HOOKS_DATABASE_URL"])
+    before = cpu.read(server, session.receiver)
     finished = run_together(commands, env=env, timeout=limit, until=until)
+    spent = cpu.spent(before, cpu.read(server, session.receiver))
     starts = take_log(session.receiver)
-    return PathRun(path, finished, starts, _documents(finished.stdout))
+    return PathRun(path, finished, starts, _documents(finished.stdout), spent)
 
 
 def _documents(stdout: str) -> Any:

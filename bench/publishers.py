@@ -14,10 +14,11 @@ window per second, over the sum of the limits. The engine and the job run the sa
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
-from bench import paths, stats
+from bench import cpu, paths, stats
 from bench.scratch import Destination, add_destinations, add_due_deliveries
 from bench.session import Session
 from bench.sizes import Publishers
@@ -27,6 +28,9 @@ METRICS = {
     "lowest_destination_fraction": "the slowest destination's steady rate / its limit",
     "steady_per_second": "requests/s, steady state",
     "seconds": "process wall time, s",
+    **cpu.METRICS,
+    "cpu_ceiling_fraction": "the most the machine's CPUs allow at that CPU per delivery, "
+    "over the sum of limits",
 }
 
 
@@ -94,9 +98,20 @@ def steady_figures(run: paths.PathRun, found: list[Destination], expected: int) 
         **figures,
         "fraction_of_limits": None if achieved is None else achieved / total_rate,
         "lowest_destination_fraction": min(known) if known else None,
+        "cpu_ceiling_fraction": cpu_ceiling(figures, total_rate),
         # For the plot: starts per second over the run, against the sum of limits.
         "series": {"bin_seconds": width, "per_second": stats.per_second(times, times[0], width)},
     }
+
+
+def cpu_ceiling(figures: dict[str, Any], total_rate: float) -> float | None:
+    """Deliveries/s the machine's CPUs could sustain at the run's CPU per delivery (delivering
+    side, server and receiver together), over the sum of limits: below the target, no
+    scheduling of the same work reaches it on this machine."""
+    used = figures.get("machine_cpu_ms_per_delivery")
+    if not used:
+        return None
+    return len(os.sched_getaffinity(0)) * 1000 / used / total_rate
 
 
 def measure_scenario(session: Session, name: str, scenario: Publishers) -> dict[str, Any]:
@@ -190,5 +205,9 @@ def measure(session: Session) -> dict[str, Any]:
             "Each destination: burst = a tenth of a second's starts (at least 1), max in flight "
             "1.5x rate x latency + 2 (only the start rate binds); backlogs last equally long "
             "at each limit.",
+            "CPU per delivery: the machine's busy time over the run (bench/cpu.py), the "
+            "server's read from the operating system, the delivering side's the rest less "
+            "the receiver's. The CPU ceiling: the usable CPUs over the machine's CPU per "
+            "delivery, over the sum of limits.",
         ],
     }

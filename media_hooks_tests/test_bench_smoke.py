@@ -12,8 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
 
+from bench import cpu
 from media_hooks_tests.conftest import REPO
 
 MEASUREMENTS = [
@@ -54,6 +56,8 @@ def test_smoke_run_writes_a_well_formed_report(server_url: str, tmp_path: Path):
     assert document["postgres"]["version"]
     assert set(document["measurements"]) == set(MEASUREMENTS)
 
+    # The server's CPU is read from this machine's processes: none for a server elsewhere.
+    server_here = cpu.postmaster(server_url) is not None
     measured = {n: m for n, m in document["measurements"].items() if "skipped" not in m}
     # Smoke skips only the fixed cost (two job runs of up to 16 destinations).
     assert set(measured) == set(MEASUREMENTS) - {"fixed_cost"}
@@ -65,6 +69,8 @@ def test_smoke_run_writes_a_well_formed_report(server_url: str, tmp_path: Path):
             assert "errors" not in figures, (name, path, figures["errors"])
             for metric in measurement["metrics"]:
                 summary = figures[metric]
+                if metric == "server_cpu_ms_per_delivery" and not server_here:
+                    continue
                 assert summary["n"] >= 1, (name, path, metric)
                 assert summary["min"] <= summary["median"] <= summary["max"], (name, path)
         for target in measurement["targets"]:
@@ -78,6 +84,12 @@ def test_smoke_run_writes_a_well_formed_report(server_url: str, tmp_path: Path):
     for path in ("engine", "job", "bare_requests", "rejected_design", "procrastinate"):
         assert path in deliver["figures"] or path in deliver["not_measured"], path
     assert deliver["figures"]["job"]["per_second"]["median"] > 0
+    for figures in deliver["figures"].values():
+        # The delivering side's CPU is the machine's less the server's (and the receiver's).
+        machine, client = (figures[f"{part}_cpu_ms_per_delivery"] for part in ("machine", "client"))
+        assert 0 < machine["median"]
+        if server_here:
+            assert 0 < client["median"] < machine["median"]
     latency = document["measurements"]["latency"]["figures"]["sensor"]
     assert latency["dagster_runs"]["median"] >= 1
 
@@ -96,6 +108,20 @@ def test_smoke_run_writes_a_well_formed_report(server_url: str, tmp_path: Path):
     for filename in document["plots"].values():
         assert f"]({filename})" in report, filename
         assert (out / filename).read_bytes().startswith(PNG_MAGIC), filename
+
+
+def test_a_local_servers_cpu_is_read_and_counts_its_backends_work(server_url: str):
+    host = psycopg.conninfo.conninfo_to_dict(server_url).get("host") or ""
+    if host not in ("", "localhost", "127.0.0.1", "::1") and not host.startswith("/"):
+        pytest.skip("the test server is not on this machine")
+    server = cpu.postmaster(server_url)
+    assert server is not None
+    with psycopg.connect(server_url) as conn:
+        before = cpu.cpu_seconds(server)
+        conn.execute("SELECT count(*) FROM generate_series(1, 3000000)").fetchone()
+        # Read while connected: an exited backend's time reaches the postmaster when reaped.
+        after = cpu.cpu_seconds(server)
+    assert after - before >= 0.05
 
 
 @pytest.mark.parametrize("own_sessions", [False, True])

@@ -27,18 +27,12 @@ not be retried (retrying the step would leave them to lease expiry and hide the 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import (
-    ALL_COMPLETED,
-    FIRST_COMPLETED,
-    Future,
-    ThreadPoolExecutor,
-    as_completed,
-    wait,
-)
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from typing import TypeVar
@@ -418,6 +412,9 @@ class _BatchWorker:
         self.unsent: list[tuple[Lease, int, float]] = []
         self.in_flight: dict[Future, tuple[Lease, int]] = {}
         self.lease_ends: dict[str, float] = {}
+        # Requests in flight that have finished, as they finish: waiting on this costs one
+        # wake-up per answer, where waiting on every future in flight costs a lock on each.
+        self.answered: queue.SimpleQueue[Future] = queue.SimpleQueue()
         # Finished attempts whose outcomes are not recorded yet, with their answers (None for a
         # lease never sent); and the permits of finished requests, handed back with the next ask.
         self.finished: list[tuple[Outcome, AttemptResult | None]] = []
@@ -545,6 +542,7 @@ class _BatchWorker:
                 break  # the loop hands the unsent leases back
             future = self.executor.submit(_send, self.sender, lease)
             self.in_flight[future] = (lease, slot)
+            future.add_done_callback(self.answered.put)
             self.unsent.pop(0)
         return step.grant, step.examined
 
@@ -574,18 +572,29 @@ class _BatchWorker:
         Their permits go back with the next ask; their outcomes are recorded in batches
         (``_record``), since one statement for many outcomes costs little more than for one.
         """
-        done, pending = wait(list(self.in_flight), timeout=timeout, return_when=FIRST_COMPLETED)
-        if done and pending:
-            # Requests sent together tend to finish together: a moment's wait lets the next
-            # ask take several permits in one round trip instead of one each.
-            more, _ = wait(pending, timeout=GATHER_SECONDS, return_when=ALL_COMPLETED)
-            done |= more
+        done = self._answered(timeout)
         for future in done:
             self._take(future, *self.in_flight.pop(future))
         if done and self.grant.reason == "in flight":
             self.next_ask_at = 0.0  # a slot of its own is free: what the worker waited for
         if self._record_due():
             self._record()
+
+    def _answered(self, timeout: float | None) -> list[Future]:
+        """The requests that finished: at least one, unless ``timeout`` passes first."""
+        try:
+            done = [self.answered.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        # Requests sent together tend to finish together: a moment's wait for the rest lets
+        # the next ask take several permits in one round trip instead of one each.
+        gather_until = time.monotonic() + GATHER_SECONDS
+        while len(done) < len(self.in_flight):
+            try:
+                done.append(self.answered.get(timeout=max(gather_until - time.monotonic(), 0.0)))
+            except queue.Empty:
+                break
+        return done
 
     def _oldest_unrecorded(self) -> float:
         return min(outcome.finished_monotonic for outcome, _ in self.finished)

@@ -75,14 +75,9 @@ def cpu_seconds(server: psutil.Process | None) -> float | None:
 
 
 def machine_busy_seconds() -> float:
+    """Every CPU's busy time so far (the fields Linux has; others have fewer)."""
     times = psutil.cpu_times()
-    return (
-        times.user
-        + times.nice
-        + times.system
-        + getattr(times, "irq", 0.0)
-        + (getattr(times, "softirq", 0.0))
-    )
+    return sum(getattr(times, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq"))
 
 
 @dataclass(frozen=True)

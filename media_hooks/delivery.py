@@ -414,7 +414,7 @@ class _BatchWorker:
         self.lease_ends: dict[str, float] = {}
         # Requests in flight that have finished, as they finish: waiting on this costs one
         # wake-up per answer, where waiting on every future in flight costs a lock on each.
-        self.answered: queue.SimpleQueue[Future] = queue.SimpleQueue()
+        self.answers: queue.SimpleQueue[Future] = queue.SimpleQueue()
         # Finished attempts whose outcomes are not recorded yet, with their answers (None for a
         # lease never sent); and the permits of finished requests, handed back with the next ask.
         self.finished: list[tuple[Outcome, AttemptResult | None]] = []
@@ -542,7 +542,7 @@ class _BatchWorker:
                 break  # the loop hands the unsent leases back
             future = self.executor.submit(_send, self.sender, lease)
             self.in_flight[future] = (lease, slot)
-            future.add_done_callback(self.answered.put)
+            future.add_done_callback(self.answers.put)
             self.unsent.pop(0)
         return step.grant, step.examined
 
@@ -583,7 +583,7 @@ class _BatchWorker:
     def _answered(self, timeout: float | None) -> list[Future]:
         """The requests that finished: at least one, unless ``timeout`` passes first."""
         try:
-            done = [self.answered.get(timeout=timeout)]
+            done = [self.answers.get(timeout=timeout)]
         except queue.Empty:
             return []
         # Requests sent together tend to finish together: a moment's wait for the rest lets
@@ -591,7 +591,7 @@ class _BatchWorker:
         gather_until = time.monotonic() + GATHER_SECONDS
         while len(done) < len(self.in_flight):
             try:
-                done.append(self.answered.get(timeout=max(gather_until - time.monotonic(), 0.0)))
+                done.append(self.answers.get(timeout=max(gather_until - time.monotonic(), 0.0)))
             except queue.Empty:
                 break
         return done

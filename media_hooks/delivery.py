@@ -1,10 +1,10 @@
 """The delivery worker: one destination batch of a run, from the outbox to recorded outcomes.
 
 For each page the relay hands over, the worker takes permits from the destination's global
-limits, leases as many deliveries as it got permits, sends them from a bounded thread pool
-(one pooled HTTP session per destination), each at the moment its start was granted for (the
-limiter may grant a start a little ahead), and records the outcomes of whatever has finished
-in one statement. No transaction is open while a request is in flight (invariant 7), and a
+limits, leases as many deliveries as it got permits, hands them to the run's event loop (one
+pooled HTTP session per destination, media_hooks.send_loop), each at the moment its start was
+granted for (the limiter may grant a start a little ahead), and records the outcomes of
+whatever has finished in one statement. No transaction is open while a request is in flight (invariant 7), and a
 worker waiting for permits holds no lease (it leases only what it can send now). An outcome
 waits at most ``RECORD_MAX_DELAY_SECONDS`` to be recorded, however long its neighbours take.
 
@@ -33,8 +33,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, fields
-from datetime import UTC, datetime
 from typing import TypeVar
 
 import psycopg
@@ -56,6 +56,7 @@ from media_hooks.config import Settings
 from media_hooks.destinations import Destination, disable_destination, get_destination
 from media_hooks.leases import Lease, Message, Outcome
 from media_hooks.reconciler import Batch
+from media_hooks.send_loop import SendLoop
 from media_hooks.sender import AttemptResult, Sender
 from media_hooks.signing import InvalidSecret
 
@@ -230,27 +231,6 @@ def not_sent(lease: Lease, why: BaseException) -> Outcome:
     )
 
 
-def _send(sender: Sender, lease: Lease) -> AttemptResult:
-    """One request; a sender that raises (a bug) is an ambiguous attempt: the request may have
-    gone out, so it is retried with the same key and the attempt says why."""
-    try:
-        return sender.send(lease.delivery_id, lease.body)
-    except Exception as exc:
-        log.exception("sending %s failed", lease.delivery_id)
-        now = datetime.now(UTC)
-        return AttemptResult(
-            outcome=outcomes.AMBIGUOUS,
-            http_status=None,
-            error=f"sender failed: {type(exc).__name__}: {exc}"[:500],
-            response_excerpt=None,
-            retry_after_seconds=None,
-            disable_destination=False,
-            started_at=now,
-            finished_at=now,
-            request_sent=True,
-        )
-
-
 def _configuration_reason(result: AttemptResult) -> str:
     """A destination's disabled reason for an address the SSRF guard refused: which address,
     and which setting allows it."""
@@ -382,8 +362,11 @@ class _BatchWorker:
         *,
         max_wait_seconds: float,
         stop: threading.Event,
+        sends: SendLoop,
     ) -> None:
         self.conn = conn
+        # The run's event loop, where every request of the batch is in flight.
+        self.sends = sends
         self.run_id = run_id
         self.pages = pages
         self.destination_id = pages.destination_id
@@ -398,12 +381,10 @@ class _BatchWorker:
         # The destination as last read, and what sends to it (_refresh_destination).
         self.destination: Destination | None = None
         self.sender: Sender | None = None
-        self.executor: ThreadPoolExecutor | None = None
-        self.threads = 0
         self.lease_seconds = settings.lease_seconds
         self.refreshed_at = 0.0
-        # Senders and thread pools replaced by a changed destination; closed at the end.
-        self.retired: list[Sender | ThreadPoolExecutor] = []
+        # Senders replaced by a changed destination; closed at the end.
+        self.retired: list[Sender] = []
         self.waiting: deque[Message] = deque()
         self.pages_exhausted = False
         # Leases taken and not yet handed to a sender, with their slot and the moment (monotonic)
@@ -458,6 +439,7 @@ class _BatchWorker:
                 current.timeout_seconds,
                 self.settings.allow_private_urls,
                 current.max_in_flight,
+                loop=self.sends,
             )
         except InvalidSecret as exc:
             self._disable(f"configuration: a stored secret is unusable ({exc})")
@@ -466,14 +448,6 @@ class _BatchWorker:
             self.retired.append(self.sender)
         self.sender = sender
         self.lease_seconds = lease_seconds_for(current, sender, self.settings)
-        if self.threads < current.max_in_flight:
-            if self.executor is not None:
-                self.retired.append(self.executor)  # its requests in flight finish there
-            self.threads = current.max_in_flight
-            self.executor = ThreadPoolExecutor(
-                max_workers=self.threads,
-                thread_name_prefix=f"send-{current.destination_id}"[:40],
-            )
 
     def _disable(self, reason: str) -> None:
         """The destination stops for every worker until an operator enables it (a 410, or a
@@ -540,7 +514,7 @@ class _BatchWorker:
             lease, slot, start_at = self.unsent[0]
             if self._wait_for_start(start_at) or self.stopped is not None:
                 break  # the loop hands the unsent leases back
-            future = self.executor.submit(_send, self.sender, lease)
+            future = self.sender.submit(lease.delivery_id, lease.body)
             self.in_flight[future] = (lease, slot)
             future.add_done_callback(self.answers.put)
             self.unsent.pop(0)
@@ -820,11 +794,9 @@ class _BatchWorker:
                 failure,
             )
         finally:
-            for resource in [*self.retired, self.sender, self.executor]:
-                if isinstance(resource, ThreadPoolExecutor):
-                    resource.shutdown(wait=True)
-                elif resource is not None:
-                    resource.close()
+            for sender in [*self.retired, self.sender]:
+                if sender is not None:
+                    sender.close()
 
 
 def _same_sending(before: Destination, after: Destination) -> bool:
@@ -845,11 +817,15 @@ def _deliver(
     *,
     max_wait_seconds: float,
     stop: threading.Event | None,
+    sends: SendLoop | None,
 ) -> DeliveryCounts:
-    with (
-        affinity.pinned(affinity.resolve(settings.delivery_cpu, batches=1)),
-        db.borrow(pool, db.Role.WORKER, settings) as conn,
-    ):
+    """One batch in the calling thread; its requests on ``sends``, or on an event loop of its
+    own (started where the batch runs, closed when it ends) when it is a delivery alone."""
+    with ExitStack() as stack:
+        stack.enter_context(affinity.pinned(affinity.resolve(settings.delivery_cpu, batches=1)))
+        if sends is None:
+            sends = stack.enter_context(SendLoop())
+        conn = stack.enter_context(db.borrow(pool, db.Role.WORKER, settings))
         worker = _BatchWorker(
             conn,
             run_id,
@@ -857,6 +833,7 @@ def _deliver(
             settings,
             max_wait_seconds=max_wait_seconds,
             stop=stop or threading.Event(),
+            sends=sends,
         )
         return worker.run()
 
@@ -870,6 +847,7 @@ def deliver_batch(
     page_size: int = DEFAULT_PAGE_SIZE,
     max_wait_seconds: float = DEFAULT_MAX_WAIT_SECONDS,
     stop: threading.Event | None = None,
+    sends: SendLoop | None = None,
 ) -> DeliveryCounts:
     """Deliver one batch of a run's outbox messages; ``run_id`` is the attempting run.
 
@@ -883,6 +861,7 @@ def deliver_batch(
         settings,
         max_wait_seconds=max_wait_seconds,
         stop=stop,
+        sends=sends,
     )
 
 
@@ -905,31 +884,39 @@ def deliver_destination(
     claim_page_size: int,
     max_wait_seconds: float = DEFAULT_MAX_WAIT_SECONDS,
     stop: threading.Event | None = None,
+    sends: SendLoop | None = None,
 ) -> DestinationResult:
     """Deliver a destination's due deliveries of ``cohort`` for ``run_id``, claiming a page at
     a time as the last one is sent (``DuePages``), until none is due or ``budget`` is spent."""
     started = time.monotonic()
     pages = DuePages(run_id, destination_id, cohort, claim_page_size, budget)
-    counts = _deliver(pool, run_id, pages, settings, max_wait_seconds=max_wait_seconds, stop=stop)
+    counts = _deliver(
+        pool, run_id, pages, settings, max_wait_seconds=max_wait_seconds, stop=stop, sends=sends
+    )
     return DestinationResult(destination_id, pages.claimed, counts, time.monotonic() - started)
 
 
 def _in_threads(
     settings: Settings,
-    work: list[Callable[[], T]],
+    work: list[Callable[[SendLoop], T]],
     stop: threading.Event,
 ) -> Iterator[T]:
-    """Run each of ``work`` in a thread of its own, yielding results as they finish. A
-    failure of one does not stop the others: the first is raised once all have ended. An
-    interrupt (a canceled run) sets ``stop`` so that every one hands back what it holds."""
+    """Run each of ``work`` in a thread of its own, all sending on one event loop, yielding
+    results as they finish. A failure of one does not stop the others: the first is raised
+    once all have ended. An interrupt (a canceled run) sets ``stop`` so that every one hands
+    back what it holds."""
     if not work:
         return
     failure: BaseException | None = None
-    with ThreadPoolExecutor(max_workers=len(work), thread_name_prefix="deliver") as executor:
-        # Each submit starts a thread, which inherits the run's one CPU (and its senders
-        # after it); the calling thread gets its own affinity back.
+    with ExitStack() as stack:
+        # The event loop's thread and each submit's inherit the run's one CPU; the calling
+        # thread gets its own affinity back. The loop closes after the last worker has ended.
         with affinity.pinned(affinity.resolve(settings.delivery_cpu, batches=len(work))):
-            futures = [executor.submit(one) for one in work]
+            sends = stack.enter_context(SendLoop())
+            executor = stack.enter_context(
+                ThreadPoolExecutor(max_workers=len(work), thread_name_prefix="deliver")
+            )
+            futures = [executor.submit(one, sends) for one in work]
         try:
             for future in as_completed(futures):
                 try:
@@ -958,8 +945,11 @@ def deliver_batches(
     destination never holds up another's. Yields each batch's counts as it finishes."""
     stop = stop or threading.Event()
 
-    def one(batch: Batch) -> Callable[[], tuple[Batch, DeliveryCounts]]:
-        return lambda: (batch, deliver_batch(pool, run_id, batch, settings, stop=stop, **options))
+    def one(batch: Batch) -> Callable[[SendLoop], tuple[Batch, DeliveryCounts]]:
+        return lambda sends: (
+            batch,
+            deliver_batch(pool, run_id, batch, settings, stop=stop, sends=sends, **options),
+        )
 
     yield from _in_threads(settings, [one(batch) for batch in batches], stop)
 
@@ -982,8 +972,8 @@ def deliver_destinations(
     stop = stop or threading.Event()
     budget = RowBudget(max_rows)
 
-    def one(destination_id: str) -> Callable[[], DestinationResult]:
-        return lambda: deliver_destination(
+    def one(destination_id: str) -> Callable[[SendLoop], DestinationResult]:
+        return lambda sends: deliver_destination(
             pool,
             run_id,
             destination_id,
@@ -992,6 +982,7 @@ def deliver_destinations(
             budget=budget,
             claim_page_size=claim_page_size,
             stop=stop,
+            sends=sends,
             **options,
         )
 

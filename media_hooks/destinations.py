@@ -132,7 +132,7 @@ class Setting(NamedTuple):
 
 
 # Beyond these a setting breaks the engine (1e-300/s overflows the wait before a start; a
-# backoff of 1e300 s overflows the due time) or the machine (a thread per request in flight)
+# backoff of 1e300 s overflows the due time) or the machine (a connection per request in flight)
 # (README, "Destination settings").
 RANGES = {
     "rate_per_second": Setting(

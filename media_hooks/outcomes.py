@@ -24,6 +24,7 @@ so the retry reuses the same idempotency key and the attempt is recorded as such
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 from collections.abc import Mapping
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
-import urllib3.exceptions
+import aiohttp
 
 from media_hooks.ssrf import ForbiddenAddress
 
@@ -47,9 +48,6 @@ DEFAULT_RETRY_AFTER_CAP_SECONDS = 3600.0
 
 _RETRYABLE_4XX = frozenset({408, 425})
 _DELTA_SECONDS = re.compile(r"^\d+(\.\d+)?$")
-# A URL the transport cannot use: no host, an unknown scheme, a proxy setting it cannot use
-# (ProxySchemeUnknown is one of these).
-_UNSENDABLE = (urllib3.exceptions.LocationValueError,)
 
 
 @dataclass(frozen=True)
@@ -134,7 +132,7 @@ def classify_response(
 
 
 def _causes(exc: BaseException) -> list[BaseException]:
-    """The exception and everything it wraps (urllib3 -> ssl -> socket)."""
+    """The exception and everything it wraps (aiohttp -> ssl -> socket)."""
     seen: list[BaseException] = []
     pending: list[BaseException | None] = [exc]
     while pending:
@@ -142,8 +140,9 @@ def _causes(exc: BaseException) -> list[BaseException]:
         if current is None or any(current is s for s in seen):
             continue
         seen.append(current)
-        # ssl's errors have a reason too, a string: only exceptions are followed.
-        links = [current.__cause__, current.__context__, getattr(current, "reason", None)]
+        # aiohttp keeps the OS error it wraps; ssl's errors have a reason too, a string: only
+        # exceptions are followed.
+        links = [current.__cause__, current.__context__, getattr(current, "os_error", None)]
         links.extend(current.args)
         pending.extend(link for link in links if isinstance(link, BaseException))
     return seen
@@ -151,6 +150,12 @@ def _causes(exc: BaseException) -> list[BaseException]:
 
 def _first(causes: list[BaseException], kind: type | tuple[type, ...]) -> BaseException | None:
     return next((c for c in causes if isinstance(c, kind)), None)
+
+
+def unsendable(why: str) -> Failure:
+    """A request the transport cannot make (an unusable URL or proxy): nothing was sent, and an
+    operator can fix it within the retry budget."""
+    return Failure(RETRYABLE, False, f"invalid request: {why}")
 
 
 def classify_failure(exc: BaseException) -> Failure:
@@ -162,23 +167,20 @@ def classify_failure(exc: BaseException) -> Failure:
             # The guard could not resolve the name (before a request through a proxy).
             return Failure(RETRYABLE, False, f"DNS failure: {forbidden}")
         return Failure(RETRYABLE, False, f"refused by the SSRF guard: {forbidden}", True)
-    if _first(causes, urllib3.exceptions.NameResolutionError):
+    if _first(causes, aiohttp.ClientConnectorDNSError):
         return Failure(RETRYABLE, False, f"DNS failure: {_innermost_text(causes)}")
-    if _first(causes, urllib3.exceptions.ProxyError):
+    if _first(causes, (aiohttp.ClientProxyConnectionError, aiohttp.ClientHttpProxyError)):
         return Failure(RETRYABLE, False, f"proxy failure: {_innermost_text(causes)}")
-    if _first(causes, urllib3.exceptions.SSLError):
+    if _first(causes, aiohttp.ClientSSLError):
+        # The connector's handshake, before the request: nothing was sent.
         return Failure(RETRYABLE, False, f"TLS failure: {_innermost_text(causes)}")
-    # urllib3 makes a refused connection a kind of connect timeout: only a true one is one.
-    if isinstance(exc, urllib3.exceptions.ConnectTimeoutError) and not isinstance(
-        exc, urllib3.exceptions.NewConnectionError
-    ):
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return Failure(RETRYABLE, False, f"connect timeout: {_innermost_text(causes)}")
-    if isinstance(exc, urllib3.exceptions.ReadTimeoutError):
+    if isinstance(exc, asyncio.TimeoutError):
         return Failure(AMBIGUOUS, True, "read timeout: the receiver may have acted")
-    if isinstance(exc, _UNSENDABLE):
-        # The destination's URL is unusable; an operator can fix it within the retry budget.
-        return Failure(RETRYABLE, False, f"invalid request: {_innermost_text(causes)}")
-    if _first(causes, urllib3.exceptions.NewConnectionError):
+    if isinstance(exc, (aiohttp.InvalidURL, aiohttp.NonHttpUrlClientError)):
+        return unsendable(_innermost_text(causes))
+    if isinstance(exc, aiohttp.ClientConnectorError):
         return Failure(RETRYABLE, False, f"connection failed: {_innermost_text(causes)}")
     # Anything else happened with the request (possibly) on the wire: the receiver may have
     # acted on it, so it must be retried with the same key and recorded as ambiguous.
@@ -198,4 +200,4 @@ def _innermost_text(causes: list[BaseException]) -> str:
 
 
 def _is_wrapper(exc: BaseException) -> bool:
-    return isinstance(exc, urllib3.exceptions.HTTPError)
+    return isinstance(exc, aiohttp.ClientError)

@@ -1,50 +1,55 @@
 """One destination's HTTP sender: the request exactly as CONTRACT.md says, and its outcome.
 
-A ``Sender`` owns one pool of keep-alive connections for one destination URL and is safe to
-call from the destination's worker threads at once. It never raises for a failed delivery:
-every answer, timeout or refused connection comes back as an ``AttemptResult`` classified by
-``media_hooks.outcomes``.
+A ``Sender`` owns one aiohttp session, a pool of at most ``max_in_flight`` keep-alive
+connections, for one destination URL. Its requests run on a ``SendLoop`` that the whole
+delivery run shares (media_hooks.send_loop says why an event loop); ``submit`` may be called
+from any thread and returns a future at once, ``send`` waits for it. Neither raises for a
+failed delivery: every answer, timeout or refused connection comes back as an
+``AttemptResult`` classified by ``media_hooks.outcomes``.
 
-Requests go straight to urllib3's connection pool, the transport that ``requests`` itself
-drives: a delivery needs none of the layers ``requests`` adds above it (sessions, cookies,
-hooks, redirects, the proxy and certificate lookups redone on every send), and they cost
-about as much CPU as the pool's own work (``bench/http_send.py``: about 200 µs of CPU a
-request through ``requests``' adapter, about 115 µs through the pool). What the environment
-configures is read once, at construction, with ``requests``' own rules: the proxy (``http_proxy``,
-``no_proxy``...) and the CA bundle (``REQUESTS_CA_BUNDLE``, ``CURL_CA_BUNDLE``).
+What the environment configures is read once, at construction, with ``requests``' own rules:
+the proxy (``http_proxy``, ``no_proxy``...) and the CA bundle (``REQUESTS_CA_BUNDLE``,
+``CURL_CA_BUNDLE``, else certifi's). Nothing else of the environment is used (no .netrc, no
+cookies kept between deliveries, no redirect followed, no body decompressed).
 
-The SSRF guard runs on the address actually connected to, after DNS resolution, before a byte
-is sent: a name that was public when the destination was added may resolve to a private
-address now. Through an egress proxy the peer is the proxy, which resolves the name itself;
-there the destination's name is resolved and checked before each request instead.
+The SSRF guard judges each address a connection is about to be made to, after DNS resolution:
+the connector makes its sockets through ``_guarded_socket``, so a name that was public when
+the destination was added but resolves to a private address now is refused before a packet
+leaves. Addresses are tried in turn, and the first refused one ends the attempt. Through an
+egress proxy the peer is the proxy, which resolves the name itself; there the destination's
+name is resolved and checked before each request instead.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import logging
 import os
 import socket
-import threading
+import ssl
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from urllib.parse import urlsplit
 
+import aiohttp
 import certifi
 import requests.utils
-import urllib3
-import urllib3.connection
-import urllib3.connectionpool
-import urllib3.exceptions
-import urllib3.response
 
 from media_hooks import crashpoints, outcomes, ssrf
+from media_hooks.send_loop import SendLoop
 from media_hooks.signing import decode_secret, sign
+
+log = logging.getLogger("media_hooks")
 
 USER_AGENT = "media-hooks/0.1"
 MAX_RESPONSE_READ_BYTES = 64 * 1024
 MAX_EXCERPT_CHARS = 4 * 1024
 _READ_CHUNK = 16 * 1024
+_PROXY_SCHEMES = ("http", "https")
 
 
 @dataclass(frozen=True)
@@ -69,114 +74,35 @@ class AttemptResult:
     finished_monotonic: float = field(default_factory=time.monotonic)
 
 
-class ForbiddenPeer(urllib3.exceptions.NewConnectionError, ssrf.ForbiddenAddress):
-    """The connected address is one the SSRF guard refuses; the socket is closed unused."""
-
-    def __init__(self, conn: Any, detail: str) -> None:
-        super().__init__(conn, detail)
-        self.detail = detail
-
-    def __str__(self) -> str:
-        return self.detail
+@functools.cache
+def _tls_context(cafile: str | None, capath: str | None) -> ssl.SSLContext:
+    # Loading a bundle costs milliseconds: one context per bundle serves every destination.
+    return ssl.create_default_context(cafile=cafile, capath=capath)
 
 
-class _PeerCheckedConnection:
-    """Mixin for urllib3 connections: check the peer right after the TCP connect."""
-
-    def _new_conn(self) -> socket.socket:
-        sock = super()._new_conn()  # type: ignore[misc]
-        address = sock.getpeername()[0]
-        try:
-            ssrf.check_address(address, allow_private=False)
-        except ssrf.ForbiddenAddress as exc:
-            sock.close()
-            raise ForbiddenPeer(self, f"connected to {self.host}: {exc}") from None  # type: ignore[arg-type]
-        return sock
-
-
-class _CheckedHTTPConnection(_PeerCheckedConnection, urllib3.connection.HTTPConnection):
-    pass
-
-
-class _CheckedHTTPSConnection(_PeerCheckedConnection, urllib3.connection.HTTPSConnection):
-    pass
-
-
-class _CheckedHTTPPool(urllib3.connectionpool.HTTPConnectionPool):
-    ConnectionCls = _CheckedHTTPConnection
-
-
-class _CheckedHTTPSPool(urllib3.connectionpool.HTTPSConnectionPool):
-    ConnectionCls = _CheckedHTTPSConnection
-
-
-_GUARDED_POOLS = {"http": _CheckedHTTPPool, "https": _CheckedHTTPSPool}
-
-
-def _tls_options() -> dict[str, str]:
+def _tls_trust() -> tuple[str | None, str | None]:
     """Certificates as ``requests`` finds them: a bundle (file or folder) named by the
-    environment, else certifi's."""
+    environment, else certifi's. (file, folder)."""
     bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
     if bundle and os.path.isdir(bundle):
-        return {"cert_reqs": "CERT_REQUIRED", "ca_cert_dir": bundle}
-    return {"cert_reqs": "CERT_REQUIRED", "ca_certs": bundle or certifi.where()}
+        return None, bundle
+    return bundle or certifi.where(), None
 
 
-class _Route:
-    """Where a destination's requests go: straight to its host's pool (the peer checked at
-    connect unless private addresses are allowed), or through the environment's proxy.
+def _environment_proxy(url: str) -> str | None:
+    proxy = requests.utils.select_proxy(url, requests.utils.get_environ_proxies(url))
+    return requests.utils.prepend_scheme_if_needed(proxy, "http") if proxy else None
 
-    The proxy is looked up here, once; the transport is made on first use, so that a URL or a
-    proxy setting urllib3 cannot use (a SOCKS proxy, no scheme) is each send's outcome, not a
-    failure of the worker building its sender.
-    """
 
-    def __init__(self, url: str, allow_private: bool, max_in_flight: int) -> None:
-        self.url = url
-        self._proxy = requests.utils.select_proxy(url, requests.utils.get_environ_proxies(url))
-        self.proxied = self._proxy is not None
-        self._allow_private = allow_private
-        self._max_in_flight = max(1, max_in_flight)
-        self._lock = threading.Lock()
-        self._manager: urllib3.PoolManager | None = None
-        self._pool: urllib3.connectionpool.HTTPConnectionPool | None = None
-        self._target = ""
-
-    def _connect(self) -> urllib3.PoolManager:
-        with self._lock:  # the destination's threads all send at once when a run starts
-            if self._manager is None:
-                options: dict[str, Any] = {"num_pools": 1, "maxsize": self._max_in_flight}
-                options.update(_tls_options())
-                if self.proxied:
-                    manager = urllib3.ProxyManager(self._proxy, **options)
-                else:
-                    manager = urllib3.PoolManager(**options)
-                    if not self._allow_private:
-                        manager.pool_classes_by_scheme = _GUARDED_POOLS
-                    self._target = urllib3.util.parse_url(self.url).request_uri
-                    self._pool = manager.connection_from_url(self.url)
-                self._manager = manager  # last: it says the pool and target are set
-            return self._manager
-
-    def open(self, body: bytes, headers: dict[str, str], timeout: urllib3.Timeout):
-        """POST ``body``; the answer's body is left unread. Raises urllib3's errors."""
-        manager = self._manager or self._connect()
-        options = {
-            "body": body,
-            "headers": headers,
-            "retries": False,
-            "redirect": False,
-            "timeout": timeout,
-            "preload_content": False,
-            "decode_content": False,
-        }
-        if self.proxied:
-            return manager.urlopen("POST", self.url, **options)
-        return self._pool.urlopen("POST", self._target, assert_same_host=False, **options)
-
-    def close(self) -> None:
-        if self._manager is not None:
-            self._manager.clear()
+def _unusable_proxy(proxy: str | None) -> str | None:
+    """Why the environment's proxy cannot carry a request (a SOCKS proxy), without its
+    credentials; None when it can, or when there is none."""
+    if proxy is None:
+        return None
+    scheme = urlsplit(proxy).scheme
+    if scheme in _PROXY_SCHEMES:
+        return None
+    return f"the environment's proxy is a {scheme} proxy; only http and https proxies are supported"
 
 
 def _now() -> datetime:
@@ -194,6 +120,11 @@ def _excerpt(data: bytes) -> str | None:
     return _storable(data.decode("utf-8", errors="replace"))[:MAX_EXCERPT_CHARS]
 
 
+# Everything a request can fail with that says something about the receiver or the network;
+# anything else is a bug in the sender (see Sender._attempt).
+_TRANSPORT_FAILURES = (aiohttp.ClientError, asyncio.TimeoutError, OSError, ssrf.ForbiddenAddress)
+
+
 class Sender:
     """Posts deliveries to one destination URL, signed with its active secrets."""
 
@@ -204,15 +135,27 @@ class Sender:
         timeout_seconds: float,
         allow_private: bool,
         max_in_flight: int = 4,
+        loop: SendLoop | None = None,
     ) -> None:
         for secret in secrets:
             decode_secret(secret)  # a malformed secret fails here, not on every send
         self.url = url
         self.timeout_seconds = timeout_seconds
         self._secrets = tuple(secrets)
-        self._timeout = urllib3.Timeout(connect=timeout_seconds, read=timeout_seconds)
-        self._route = _Route(url, allow_private, max_in_flight)
-        self._check_name_each_send = not allow_private and self._route.proxied
+        self._host = urlsplit(url).hostname or url
+        self._proxy = _environment_proxy(url)
+        # A proxy the transport cannot use is each send's outcome, not a failure to build the
+        # sender: the worker records it instead of failing its batch.
+        self._unusable = _unusable_proxy(self._proxy)
+        self._guard_sockets = not allow_private and self._proxy is None
+        self._check_name_each_send = not allow_private and self._proxy is not None
+        self._trust = _tls_trust()
+        self._max_in_flight = max(1, max_in_flight)
+        self._owns_loop = loop is None
+        self._loop = loop or SendLoop(name="send-loop-" + self._host)
+        # Made on the loop by the first request (aiohttp sessions belong to their loop).
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
 
     @property
     def worst_case_seconds(self) -> float:
@@ -223,6 +166,64 @@ class Sender:
         wait further, which is why an expired lease is fenced, not trusted.)
         """
         return 3 * self.timeout_seconds
+
+    def submit(self, delivery_id: str, body: bytes) -> Future[AttemptResult]:
+        """Start one attempt on the loop; its future never holds an exception."""
+        return self._loop.submit(self._attempt(delivery_id, body))
+
+    def send(self, delivery_id: str, body: bytes) -> AttemptResult:
+        """One attempt, waited for: POST the body, classify the answer."""
+        return self.submit(delivery_id, body).result()
+
+    def close(self) -> None:
+        """Close the connections (after the requests in flight: callers wait for them)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._loop.run(self._close_session())
+        if self._owns_loop:
+            self._loop.close()
+
+    def __enter__(self) -> Sender:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # On the loop ---------------------------------------------------------------------------
+
+    async def _close_session(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def _open_session(self) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(
+            limit=self._max_in_flight,
+            ssl=_tls_context(*self._trust),
+            # Addresses in turn rather than raced, so that the guard's refusal of one ends the
+            # attempt with its reason instead of being folded into the others' errors.
+            happy_eyeballs_delay=None,
+            socket_factory=self._guarded_socket if self._guard_sockets else None,
+        )
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self.timeout_seconds, sock_read=self.timeout_seconds
+        )
+        return aiohttp.ClientSession(
+            connector=connector,
+            timeout=timeout,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=False,
+            skip_auto_headers=("Accept",),
+        )
+
+    def _guarded_socket(self, addr_info: tuple) -> socket.socket:
+        """The connector's socket for one resolved address, if the guard allows the address."""
+        family, kind, proto, _, address = addr_info
+        try:
+            ssrf.check_address(address[0], allow_private=False)
+        except ssrf.ForbiddenAddress as exc:
+            raise ssrf.ForbiddenAddress(f"connecting to {self._host}: {exc}") from None
+        return socket.socket(family, kind, proto)
 
     def _headers(self, delivery_id: str, body: bytes) -> dict[str, str]:
         timestamp = int(time.time())
@@ -237,66 +238,80 @@ class Sender:
             headers["webhook-signature"] = sign(self._secrets, delivery_id, timestamp, body)
         return headers
 
-    def send(self, delivery_id: str, body: bytes) -> AttemptResult:
-        """One attempt: POST the body, classify the answer. Never raises for a failed send."""
+    async def _attempt(self, delivery_id: str, body: bytes) -> AttemptResult:
         started_at = _now()
+        try:
+            return await self._post(delivery_id, body, started_at)
+        except Exception as exc:
+            # A bug, not the receiver: the request may have gone out, so the attempt is
+            # ambiguous (retried with the same key) and says why.
+            log.exception("sending %s failed", delivery_id)
+            error = f"sender failed: {type(exc).__name__}: {exc}"[:500]
+            return _failed(outcomes.Failure(outcomes.AMBIGUOUS, True, error), started_at)
+
+    async def _post(self, delivery_id: str, body: bytes, started_at: datetime) -> AttemptResult:
         deadline = time.monotonic() + 2 * self.timeout_seconds
+        if self._unusable is not None:
+            return _failed(outcomes.unsendable(self._unusable), started_at)
+        if self._session is None:
+            self._session = self._open_session()
         try:
             if self._check_name_each_send:
-                ssrf.check_url(self.url, allow_private=False)
-            response = self._route.open(body, self._headers(delivery_id, body), self._timeout)
-        except (urllib3.exceptions.HTTPError, ssrf.ForbiddenAddress) as exc:
-            failure = outcomes.classify_failure(exc)
-            return AttemptResult(
-                outcome=failure.outcome,
-                http_status=None,
-                error=_storable(failure.error),
-                response_excerpt=None,
-                retry_after_seconds=None,
-                disable_destination=False,
-                started_at=started_at,
-                finished_at=_now(),
-                request_sent=failure.request_sent,
-                configuration_fault=failure.configuration_fault,
+                await asyncio.to_thread(ssrf.check_url, self.url, False)
+            response = await self._session.post(
+                self.url,
+                data=body,
+                headers=self._headers(delivery_id, body),
+                proxy=self._proxy,
+                allow_redirects=False,
             )
+        except _TRANSPORT_FAILURES as exc:
+            return _failed(outcomes.classify_failure(exc), started_at)
         crashpoints.hit(crashpoints.AFTER_RECEIVER_ACCEPTED)
-        return self._answered(response, started_at, deadline)
-
-    def _answered(
-        self, response: urllib3.response.HTTPResponse, started_at: datetime, deadline: float
-    ) -> AttemptResult:
-        data, read_error = _read_limited(response, deadline)
-        classification = outcomes.classify_response(response.status, response.headers)
-        error = None
-        if classification.outcome != outcomes.SUCCESS:
-            error = _storable(f"HTTP {response.status} {response.reason or ''}".rstrip())
-        if read_error:
-            # The status line is the receiver's answer; a broken body does not change it.
-            error = f"{error}; {read_error}" if error else read_error
-        return AttemptResult(
-            outcome=classification.outcome,
-            http_status=response.status,
-            error=error,
-            response_excerpt=_excerpt(data),
-            retry_after_seconds=classification.retry_after_seconds,
-            disable_destination=classification.disable_destination,
-            started_at=started_at,
-            finished_at=_now(),
-            request_sent=True,
-        )
-
-    def close(self) -> None:
-        self._route.close()
-
-    def __enter__(self) -> Sender:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        data, read_error = await _read_limited(response, deadline)
+        return _answered(response, data, read_error, started_at)
 
 
-def _read_limited(
-    response: urllib3.response.HTTPResponse, deadline: float
+def _failed(failure: outcomes.Failure, started_at: datetime) -> AttemptResult:
+    return AttemptResult(
+        outcome=failure.outcome,
+        http_status=None,
+        error=_storable(failure.error),
+        response_excerpt=None,
+        retry_after_seconds=None,
+        disable_destination=False,
+        started_at=started_at,
+        finished_at=_now(),
+        request_sent=failure.request_sent,
+        configuration_fault=failure.configuration_fault,
+    )
+
+
+def _answered(
+    response: aiohttp.ClientResponse, data: bytes, read_error: str | None, started_at: datetime
+) -> AttemptResult:
+    classification = outcomes.classify_response(response.status, response.headers)
+    error = None
+    if classification.outcome != outcomes.SUCCESS:
+        error = _storable(f"HTTP {response.status} {response.reason or ''}".rstrip())
+    if read_error:
+        # The status line is the receiver's answer; a broken body does not change it.
+        error = f"{error}; {read_error}" if error else read_error
+    return AttemptResult(
+        outcome=classification.outcome,
+        http_status=response.status,
+        error=error,
+        response_excerpt=_excerpt(data),
+        retry_after_seconds=classification.retry_after_seconds,
+        disable_destination=classification.disable_destination,
+        started_at=started_at,
+        finished_at=_now(),
+        request_sent=True,
+    )
+
+
+async def _read_limited(
+    response: aiohttp.ClientResponse, deadline: float
 ) -> tuple[bytes, str | None]:
     """At most 64 KiB of the body, stopping at the deadline; and why reading stopped early.
 
@@ -310,16 +325,17 @@ def _read_limited(
         while size < MAX_RESPONSE_READ_BYTES:
             if time.monotonic() > deadline:
                 return b"".join(chunks), "response body read stopped at the deadline"
-            chunk = response.read(min(_READ_CHUNK, MAX_RESPONSE_READ_BYTES - size))
+            chunk = await response.content.read(min(_READ_CHUNK, MAX_RESPONSE_READ_BYTES - size))
             if not chunk:
                 ended = True
                 break
             chunks.append(chunk)
             size += len(chunk)
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
+    except _TRANSPORT_FAILURES as exc:
         return b"".join(chunks), f"response body read failed: {type(exc).__name__}"
     finally:
-        if not ended:
+        if ended:
+            response.release()
+        else:
             response.close()
-        response.release_conn()
     return b"".join(chunks), None

@@ -99,13 +99,13 @@ def test_a_run_sends_from_one_cpu_when_it_runs_several_batches_or_is_told_to(
     conn, pool, settings, monkeypatch, setting, destinations, pinned
 ):
     seen: set[frozenset[int]] = set()
-    send = Sender.send
+    post = Sender._post
 
-    def observed(self, delivery_id, body):
-        seen.add(frozenset(os.sched_getaffinity(0)))
-        return send(self, delivery_id, body)
+    async def observed(self, *args):
+        seen.add(frozenset(os.sched_getaffinity(0)))  # the run's event loop, where it sends
+        return await post(self, *args)
 
-    monkeypatch.setattr(Sender, "send", observed)
+    monkeypatch.setattr(Sender, "_post", observed)
     names = ["cdn", "rights", "archive"][:destinations]
     with Receiver() as receiver:
         for name in names:
@@ -119,6 +119,8 @@ def test_a_run_sends_from_one_cpu_when_it_runs_several_batches_or_is_told_to(
     else:
         assert seen == {frozenset(ALLOWED)}
     assert os.sched_getaffinity(0) == ALLOWED
+    # The run's event loop ended with it.
+    assert not [t for t in threading.enumerate() if t.name.startswith("send-loop")]
 
 
 @pytest.mark.parametrize(

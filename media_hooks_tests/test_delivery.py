@@ -356,7 +356,7 @@ def test_a_sender_that_raises_is_an_ambiguous_attempt_not_a_failed_batch(
     with Receiver() as receiver:
         add_destination(conn, "cdn", url=receiver.url, max_in_flight=2)
         add_deliveries(conn, "cdn", 4)
-        _fail_on_call(monkeypatch, Sender, "send", 1)
+        _fail_on_call(monkeypatch, Sender, "_post", 1)
 
         report = _deliver_in_pages(conn, pool, settings, 2)
 
@@ -365,7 +365,7 @@ def test_a_sender_that_raises_is_an_ambiguous_attempt_not_a_failed_batch(
             "SELECT outcome, error FROM delivery_attempt WHERE outcome <> 'success'"
         ).fetchone()
         assert failed["outcome"] == "ambiguous"
-        assert "Injected: injected at send" in failed["error"]
+        assert "Injected: injected at _post" in failed["error"]
         assert rate_limits.in_flight(conn, "cdn") == []
         assert _open_attempts(conn) == 0
 

@@ -19,6 +19,7 @@ from standardwebhooks import Webhook
 from media_hooks import crashpoints
 from media_hooks.outcomes import AMBIGUOUS, RATE_LIMITED, REJECTED, RETRYABLE, SUCCESS
 from media_hooks.receiver import Receiver, Reply, by_attempt
+from media_hooks.send_loop import SendLoop
 from media_hooks.sender import MAX_EXCERPT_CHARS, Sender
 
 BODY = b'{"type":"asset.transcoded","timestamp":"2026-03-01T12:00:00Z","asset_id":"a-1","data":{"t":"caf\xc3\xa9 \\u00e9"}}'
@@ -300,6 +301,23 @@ def test_concurrent_sends_from_threads(receiver) -> None:
     assert rx.effects == 100
     assert 1 < rx.max_in_flight <= 4
     assert rx.connections_opened <= 4
+
+
+def test_senders_sharing_a_loop_wait_together_and_close_apart(receiver) -> None:
+    """A run's destinations share one event loop: requests submitted from one thread are all in
+    flight at once, closing one destination's sender leaves the others sending, and closing
+    the loop ends its thread."""
+    rx = receiver(reply=Reply(delay_seconds=0.3))
+    with SendLoop(name="send-loop-test") as loop:
+        first = Sender(rx.url + "first", [], 5, True, max_in_flight=2, loop=loop)
+        second = Sender(rx.url + "second", [], 5, True, max_in_flight=2, loop=loop)
+        futures = [s.submit(f"dlv_{n}", BODY) for n, s in enumerate([first, second] * 2)]
+        assert [f.result(timeout=10).outcome for f in futures] == [SUCCESS] * 4
+        assert rx.max_in_flight == 4
+        first.close()
+        assert second.send("dlv_after", BODY).outcome == SUCCESS
+        second.close()
+    assert "send-loop-test" not in {t.name for t in threading.enumerate()}
 
 
 def test_proxy_from_the_environment_is_resolved_once_and_used(receiver, monkeypatch) -> None:

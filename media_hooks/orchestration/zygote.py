@@ -34,7 +34,7 @@ PRELOAD = (
     "psycopg",
     "psycopg_pool",
     "requests",
-    "urllib3",
+    "aiohttp",
     "cryptography.fernet",
     "psutil",
 )

@@ -115,6 +115,10 @@ def test_a_local_servers_cpu_is_read_and_counts_its_backends_work(server_url: st
     if host not in ("", "localhost", "127.0.0.1", "::1") and not host.startswith("/"):
         pytest.skip("the test server is not on this machine")
     server = cpu.postmaster(server_url)
+    if server is None and os.environ.get("MEDIA_HOOKS_TEST_DATABASE_URL"):
+        # A server we did not start may listen on this machine's address from another PID
+        # namespace (a container, CI's sandbox): its backends are not processes we can see.
+        pytest.skip("the configured server's processes are not visible from here")
     assert server is not None
     with psycopg.connect(server_url) as conn:
         before = cpu.cpu_seconds(server)

@@ -28,6 +28,7 @@ import logging
 import os
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -74,9 +75,18 @@ class AttemptResult:
     finished_monotonic: float = field(default_factory=time.monotonic)
 
 
-@functools.cache
+_TLS_LOCK = threading.Lock()
+
+
 def _tls_context(cafile: str | None, capath: str | None) -> ssl.SSLContext:
-    # Loading a bundle costs milliseconds: one context per bundle serves every destination.
+    # Loading a bundle costs 20-35 ms of CPU: one context per bundle serves every destination,
+    # and the lock keeps a run's workers, starting together, from each loading it.
+    with _TLS_LOCK:
+        return _loaded_tls_context(cafile, capath)
+
+
+@functools.cache
+def _loaded_tls_context(cafile: str | None, capath: str | None) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=cafile, capath=capath)
 
 
@@ -149,7 +159,10 @@ class Sender:
         self._unusable = _unusable_proxy(self._proxy)
         self._guard_sockets = not allow_private and self._proxy is None
         self._check_name_each_send = not allow_private and self._proxy is not None
-        self._trust = _tls_trust()
+        # Built here, on the caller's thread: loading a bundle on the loop would hold up every
+        # request in flight there (the first sends of a run arrived 20-60 ms late, bunched
+        # against the destinations' rate envelopes).
+        self._tls = _tls_context(*_tls_trust())
         self._max_in_flight = max(1, max_in_flight)
         self._owns_loop = loop is None
         self._loop = loop or SendLoop(name="send-loop-" + self._host)
@@ -199,7 +212,7 @@ class Sender:
     def _open_session(self) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(
             limit=self._max_in_flight,
-            ssl=_tls_context(*self._trust),
+            ssl=self._tls,
             # Addresses in turn rather than raced, so that the guard's refusal of one ends the
             # attempt with its reason instead of being folded into the others' errors.
             happy_eyeballs_delay=None,

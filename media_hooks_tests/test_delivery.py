@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import gc
 import threading
 import time
 from datetime import UTC, datetime
@@ -84,6 +85,46 @@ def test_a_run_delivers_every_due_delivery_signed_once(conn, pool, settings):
             "success",
             200,
         )
+
+
+def _freeze_counts_while_sending(conn, pool, settings, monkeypatch) -> list[int]:
+    """Deliver 5 messages, noting the collector's frozen objects at each request."""
+    seen: list[int] = []
+    submit = Sender.submit
+
+    def noting(self, delivery_id, body):
+        seen.append(gc.get_freeze_count())
+        return submit(self, delivery_id, body)
+
+    monkeypatch.setattr(Sender, "submit", noting)
+    with Receiver() as receiver:
+        add_destination(conn, "cdn", url=receiver.url, max_in_flight=2)
+        add_deliveries(conn, "cdn", 5)
+        assert deliver_due(pool, "run-gc", settings).totals.succeeded == 5
+    return seen
+
+
+def test_a_run_keeps_what_existed_at_its_start_out_of_full_collections_then_unfreezes_it(
+    conn, pool, settings, monkeypatch
+):
+    gc.unfreeze()  # a process that froze nothing of its own
+    seen = _freeze_counts_while_sending(conn, pool, settings, monkeypatch)
+    assert len(seen) == 5 and min(seen) > 0
+    assert gc.get_freeze_count() == 0  # nothing stays out of collection after the run
+
+
+def test_a_process_that_froze_its_own_objects_keeps_them_frozen_after_a_run(
+    conn, pool, settings, monkeypatch
+):
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        seen = _freeze_counts_while_sending(conn, pool, settings, monkeypatch)
+        # Frozen objects that die leave the count; a second freeze would add the run's own.
+        assert len(seen) == 5 and max(seen) <= frozen
+        assert 0 < gc.get_freeze_count() <= frozen
+    finally:
+        gc.unfreeze()
 
 
 def test_a_failed_delivery_is_dispatched_again_and_delivered_with_the_same_id(conn, pool, settings):

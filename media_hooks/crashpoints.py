@@ -2,7 +2,11 @@
 
 ``MEDIA_HOOKS_CRASH_AT=<point>`` makes the process die on the spot (``os._exit``, no cleanup,
 no commit) the first time it reaches that point; ``MEDIA_HOOKS_CRASH_AFTER=N`` lets the point
-pass N times first. Unset, ``hit`` is one dictionary lookup.
+pass N times first. Unset, ``hit`` is two comparisons.
+
+Both are read at the first point the process reaches, not when the module loads: a warm run
+server's child adopts its caller's environment after the server loaded this module
+(``media_hooks.orchestration.project_code``).
 """
 
 from __future__ import annotations
@@ -28,13 +32,20 @@ POINTS = (
 
 CRASH_EXIT_STATUS = 86
 
-_armed = os.environ.get("MEDIA_HOOKS_CRASH_AT")
-_passes_left = int(os.environ.get("MEDIA_HOOKS_CRASH_AFTER") or 0)
+CRASH_AT = "MEDIA_HOOKS_CRASH_AT"
+CRASH_AFTER = "MEDIA_HOOKS_CRASH_AFTER"
+_read = False
+_armed: str | None = None
+_passes_left = 0
 
 
 def hit(point: str) -> None:
     """Die here if this point is armed."""
-    global _passes_left
+    global _read, _armed, _passes_left
+    if not _read:
+        _armed = os.environ.get(CRASH_AT)
+        _passes_left = int(os.environ.get(CRASH_AFTER) or 0)
+        _read = True
     if _armed != point:
         return
     if _passes_left > 0:

@@ -38,7 +38,12 @@ START_TIMEOUT_SECONDS = 120.0
 FORK_TIMEOUT_SECONDS = 30.0
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # The server's own code: a change of it is a change of server.
-_SERVER_SOURCES = ("orchestration/run_server.py", "orchestration/zygote.py", "cli/loading.py")
+_SERVER_SOURCES = (
+    "orchestration/run_server.py",
+    "orchestration/zygote.py",
+    "orchestration/project_code.py",
+    "cli/loading.py",
+)
 _PACKAGE = Path(__file__).resolve().parent.parent
 # Linux's limit on a Unix socket's path (sun_path, less its terminating NUL).
 _MAX_SOCKET_PATH = 107

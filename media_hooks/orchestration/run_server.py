@@ -8,9 +8,10 @@ a run of thousands. This server imports them once (``zygote.preload``), listens 
 socket under ``MEDIA_HOOKS_HOME`` (a folder only its user may enter; a peer of another user is
 refused as well), and answers each connection by forking a child that runs the command line it
 was sent as the command's own process would: on the caller's stdin, stdout and stderr (passed
-over the socket), in its environment, working folder and import path, with the project's own
-code imported after the fork (a changed checkout reaches the next run). The child tells the
-caller its pid first; the server tells the caller the child's exit status when it ends.
+over the socket), in its environment, working folder and import path. The project's run code
+is loaded by the server too, and a child keeps it only while it is what the caller would
+import (``project_code``: a changed checkout reaches the next run). The child tells the caller
+its pid first; the server tells the caller the child's exit status when it ends.
 
 The caller (``media_hooks.cli.warm``) passes its signals on to the child. When the caller ends
 without waiting (killed), the child kills itself at once, as if it had been killed with it: a
@@ -35,7 +36,7 @@ import threading
 from pathlib import Path
 from typing import NoReturn
 
-from media_hooks.orchestration import zygote
+from media_hooks.orchestration import project_code, zygote
 
 # A request: the command line, environment, working folder and import path (a few kB; an
 # environment larger than this is refused, and the caller runs the command itself).
@@ -191,12 +192,6 @@ def _watch_caller(conn: socket.socket) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _forget_project() -> None:
-    """Drops the project's modules this server imported: the child imports its code afresh."""
-    for name in [n for n in sys.modules if n == "media_hooks" or n.startswith("media_hooks.")]:
-        del sys.modules[name]
-
-
 def _run_child(conn: socket.socket, fds: list[int], message: dict) -> NoReturn:
     try:
         send(conn, {"pid": os.getpid()})
@@ -220,7 +215,7 @@ def _run_child(conn: socket.socket, fds: list[int], message: dict) -> NoReturn:
         sys.path[:] = message["path"]
         sys.argv = ["media-hooks", *message["argv"]]
         threading.Thread(target=_watch_caller, args=(conn,), daemon=True).start()
-        _forget_project()
+        project_code.keep_or_forget()
         from media_hooks.cli import run_in_this_process
 
         return run_in_this_process()

@@ -2,13 +2,14 @@
 
     python -m media_hooks.orchestration.zygote     (started by the launcher, never by hand)
 
-At start it imports Dagster, its PostgreSQL storage and the engine's libraries (with the
-garbage collector paused, then frozen: see ``media_hooks.cli.loading``), then answers one
-request a line on stdin, ``{"run_id": ..., "instance_ref": ...}``, by forking a child that
-executes that run and writing the child's pid, ``{"pid": N}``, on stdout. The project's own
-code is not imported here but in each child, after the fork: a definitions reload in
-``media-hooks dev`` still reaches the next run. At end of input (the launcher's process
-ended or closed it) it exits; runs it started go on to their end.
+At start it imports Dagster, its PostgreSQL storage, the engine's libraries and the project's
+run code (with the garbage collector paused, then frozen: see ``media_hooks.cli.loading``),
+then answers one request a line on stdin, ``{"run_id": ..., "instance_ref": ...}``, by
+forking a child that executes that run and writing the child's pid, ``{"pid": N}``, on
+stdout. A child keeps the project's code only while its files are those loaded
+(``project_code``): a definitions reload in ``media-hooks dev`` still reaches the next run. At
+end of input (the launcher's process ended or closed it) it exits; runs it started go on to
+their end.
 
 It stays single-threaded (forking a process with threads can copy a lock another thread
 held), and children are reaped by the kernel (SIGCHLD ignored): the launcher tracks runs
@@ -24,6 +25,8 @@ import signal
 import sys
 from collections.abc import Callable
 from typing import NoReturn
+
+from media_hooks.orchestration import project_code
 
 # Imported by the server, inherited by every child.
 PRELOAD = (
@@ -47,6 +50,7 @@ def preload() -> None:
     with collector_paused():
         for name in PRELOAD:
             importlib.import_module(name)
+        project_code.load()
 
 
 def execute(run_id: str, instance_ref: str) -> int:
@@ -109,6 +113,7 @@ def _child(request: dict) -> NoReturn:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.dup2(2, 1)  # stdout is the launcher's pipe: the run prints where the server's errors go
+        project_code.keep_or_forget()
         return execute(request["run_id"], request["instance_ref"])
 
     end_child(run)

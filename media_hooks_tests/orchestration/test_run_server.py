@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -328,3 +329,69 @@ def test_a_server_answers_only_its_own_interpreter_and_code(monkeypatch, tmp_pat
     monkeypatch.setattr(sys, "path", [*sys.path, str(tmp_path)])
     assert warm.socket_path(tmp_path) != mine
     assert mine.parent == warm.run_folder(tmp_path)
+
+
+def _checkout_copy(folder: Path) -> Path:
+    """A copy of the package under ``folder`` whose run code says on stderr when it is imported
+    and when it runs (a command started from ``folder`` finds this copy first)."""
+    package = folder / "media_hooks"
+    shutil.copytree(REPO / "media_hooks", package, ignore=shutil.ignore_patterns("__pycache__"))
+    commands = package / "cli" / "run_commands.py"
+    source = commands.read_text().replace(
+        "def run_deliveries(args: argparse.Namespace) -> int:\n",
+        "def run_deliveries(args: argparse.Namespace) -> int:\n"
+        "    print('the copy runs', file=sys.stderr)\n",
+    )
+    commands.write_text(
+        f"{source}\nimport sys\n\nprint(f'the copy loads in {{os.getpid()}}', file=sys.stderr)\n"
+    )
+    return folder
+
+
+def _run_from(folder: Path, env: dict[str, str]) -> str:
+    """``media-hooks run`` started in ``folder``: what it printed on stderr."""
+    done = subprocess.run(
+        [sys.executable, "-m", "media_hooks.cli", "run", "--json"],
+        env=env,
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
+def test_a_run_keeps_the_servers_code_until_the_checkout_or_its_settings_change(
+    env, home, tmp_path: Path
+):
+    checkout = _checkout_copy(tmp_path / "checkout")
+    started = subprocess.run(
+        [sys.executable, "-m", "media_hooks.cli", "warm", "start", "--json"],
+        env=env,
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert started.returncode == 0, started.stderr
+    server = json.loads(started.stdout)["pid"]
+    try:
+        # Unchanged: the child runs the code its server loaded, without importing it again.
+        assert _run_from(checkout, env) == "the copy runs\n"
+        # Another checkout on the caller's import path: its own code, imported afresh.
+        assert _run_from(REPO, env) == ""
+        # A setting the definitions read as they load, set otherwise than the server's.
+        paris = _run_from(checkout, {**env, "MEDIA_HOOKS_SCHEDULE_TIMEZONE": "Europe/Paris"})
+        assert paris.startswith("the copy loads in ")
+        assert paris.endswith("the copy runs\n")
+        assert _run_from(checkout, env) == "the copy runs\n"
+        # A changed file, even one the run never imports itself (SQL): imported afresh.
+        query = checkout / "media_hooks" / "sql" / "queries" / "retention.sql"
+        query.write_text(query.read_text() + "\n")
+        changed = _run_from(checkout, env)
+        assert changed.startswith("the copy loads in ")
+        assert changed.endswith("the copy runs\n")
+        assert _server_pids(env) == [server]  # every run was handed to the same server
+    finally:
+        _stop_servers(env, home)

@@ -89,25 +89,27 @@ def measure(session: Session) -> dict[str, Any]:
             session, "procrastinate", url, "--concurrency", str(count * in_flight)
         )
 
+    # Each path compared with the engine runs right after it in every round (a drift of the
+    # machine's speed between the two then weighs least on their ratio); the slowest last, so
+    # that it gets what the quicker ones leave of the first round's time.
     runners: dict[str, Callable[[], dict]] = {
         "engine": on_fresh(lambda url: paths.run_engine(session, url)),
-        # What MEDIA_HOOKS_DELIVERY_CPU=auto (the engine's one CPU) is worth here.
-        "engine_unpinned": on_fresh(
-            lambda url: paths.run_engine(session, url, MEDIA_HOOKS_DELIVERY_CPU="off")
-        ),
     }
+    for path, warm in (("job", True), ("job_cold", False)):
+        if "deliver" in size.job_in:
+            runners[path] = on_fresh(partial(job, warm=warm))
+        else:
+            not_measured[path] = f"the job is not run in this measurement at the {size.name} size"
+    # What MEDIA_HOOKS_DELIVERY_CPU=auto (the engine's one CPU) is worth here.
+    runners["engine_unpinned"] = on_fresh(
+        lambda url: paths.run_engine(session, url, MEDIA_HOOKS_DELIVERY_CPU="off")
+    )
     runners["bare_requests"] = on_fresh(lambda url: paths.run_peer(session, "bare", url))
     runners["rejected_design"] = on_fresh(lambda url: paths.run_peer(session, "rejected", url))
     if queue:
         runners["procrastinate"] = on_fresh(procrastinate)
     else:
         not_measured["procrastinate"] = "not installed (pip install -e '.[bench]')"
-    # Last: the slowest path today, it gets what the others leave of the first round's time.
-    for path, warm in (("job", True), ("job_cold", False)):
-        if "deliver" in size.job_in:
-            runners[path] = on_fresh(partial(job, warm=warm))
-        else:
-            not_measured[path] = f"the job is not run in this measurement at the {size.name} size"
     figures = stats.summarize(session.interleaved(runners), list(METRICS))
     pairs = [
         ("engine", "engine_unpinned"),

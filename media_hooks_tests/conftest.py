@@ -251,9 +251,14 @@ def cli_env(database_url: str, tmp_path: Path) -> dict[str, str]:
 
 
 def run_cli(
-    *args: str, env: dict[str, str], input: str | None = None, timeout: float = 120
+    *args: str,
+    env: dict[str, str],
+    input: str | None = None,
+    timeout: float = 120,
+    cwd: Path = REPO,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``media-hooks`` as a real process, as a user would."""
+    """Run ``media-hooks`` as a real process, as a user would (in ``cwd``, whose package its
+    import path finds first)."""
     return subprocess.run(
         [sys.executable, "-m", "media_hooks.cli", *args],
         env=env,
@@ -261,7 +266,7 @@ def run_cli(
         capture_output=True,
         text=True,
         timeout=timeout,
-        cwd=REPO,
+        cwd=cwd,
     )
 
 

@@ -66,7 +66,10 @@ def _files(folder: str) -> frozenset[tuple[str, int, int]]:
         folders[:] = [name for name in folders if name != "__pycache__"]
         for name in names:
             path = os.path.join(parent, name)
-            stat = os.stat(path)
+            try:
+                stat = os.stat(path)
+            except FileNotFoundError:
+                continue  # removed meanwhile (an editor's save), or a dangling link
             found.add((os.path.relpath(path, folder), stat.st_size, stat.st_mtime_ns))
     return frozenset(found)
 
@@ -81,24 +84,30 @@ def current() -> Sources:
 
 
 def load() -> None:
-    """Imports the run's code into this (server) process and remembers what it came from."""
+    """Imports the run's code into this (server) process and remembers what it came from.
+
+    Code that fails to load (a checkout mid-edit, a setting its definitions refuse) is left
+    unloaded, not raised: the server still starts, and each run imports the code itself and
+    fails, or not, as it would in a process of its own."""
     global _loaded
     sources = current()
-    for name in RUN_MODULES:
-        importlib.import_module(name)
+    try:
+        for name in RUN_MODULES:
+            importlib.import_module(name)
+    except Exception:  # noqa: BLE001 - whatever the code raises, it is the runs' to report
+        _forget()
+        return
     _loaded = sources
 
 
-def keep_or_forget() -> bool:
+def keep_or_forget() -> None:
     """In a forked child, once it has its caller's import path and environment: keeps the
-    loaded project if it is what would be imported now (True), else drops it (False)."""
-    if _loaded is not None and current() == _loaded:
-        return True
-    forget()
-    return False
+    loaded project if it is what would be imported now, else drops it."""
+    if _loaded is None or current() != _loaded:
+        _forget()
 
 
-def forget() -> None:
+def _forget() -> None:
     """Drops the project's modules: the next import loads them from their files."""
     for name in [n for n in sys.modules if n == PACKAGE or n.startswith(f"{PACKAGE}.")]:
         del sys.modules[name]

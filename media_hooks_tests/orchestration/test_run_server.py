@@ -350,14 +350,7 @@ def _checkout_copy(folder: Path) -> Path:
 
 def _run_from(folder: Path, env: dict[str, str]) -> str:
     """``media-hooks run`` started in ``folder``: what it printed on stderr."""
-    done = subprocess.run(
-        [sys.executable, "-m", "media_hooks.cli", "run", "--json"],
-        env=env,
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_cli("run", "--json", env=env, cwd=folder)
     assert done.returncode == 0, done.stderr
     return done.stderr
 
@@ -366,14 +359,7 @@ def test_a_run_keeps_the_servers_code_until_the_checkout_or_its_settings_change(
     env, home, tmp_path: Path
 ):
     checkout = _checkout_copy(tmp_path / "checkout")
-    started = subprocess.run(
-        [sys.executable, "-m", "media_hooks.cli", "warm", "start", "--json"],
-        env=env,
-        cwd=checkout,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    started = run_cli("warm", "start", "--json", env=env, timeout=180, cwd=checkout)
     assert started.returncode == 0, started.stderr
     server = json.loads(started.stdout)["pid"]
     try:
@@ -393,5 +379,26 @@ def test_a_run_keeps_the_servers_code_until_the_checkout_or_its_settings_change(
         assert changed.startswith("the copy loads in ")
         assert changed.endswith("the copy runs\n")
         assert _server_pids(env) == [server]  # every run was handed to the same server
+    finally:
+        _stop_servers(env, home)
+
+
+def test_code_that_fails_to_load_leaves_the_server_up_and_fails_each_run_as_its_own_would(
+    env, home, tmp_path: Path
+):
+    checkout = _checkout_copy(tmp_path / "checkout")
+    definitions = checkout / "media_hooks" / "orchestration" / "definitions.py"
+    definitions.write_text(definitions.read_text() + "\nraise RuntimeError('refused')\n")
+    started = run_cli("warm", "start", "--json", env=env, timeout=180, cwd=checkout)
+    assert started.returncode == 0, started.stderr
+    server = json.loads(started.stdout)["pid"]
+    try:
+        warm_run = run_cli("run", env=env, cwd=checkout)
+        cold_run = run_cli("run", env={**env, "MEDIA_HOOKS_WARM_RUNS": "off"}, cwd=checkout)
+
+        assert warm_run.returncode == cold_run.returncode == 1
+        for done in (warm_run, cold_run):
+            assert done.stderr.rstrip().endswith("RuntimeError: refused"), done.stderr
+        assert _server_pids(env) == [server]  # the run failed in its child, not the server
     finally:
         _stop_servers(env, home)

@@ -20,7 +20,7 @@ from media_hooks import crashpoints
 from media_hooks import sender as sender_module
 from media_hooks.outcomes import AMBIGUOUS, RATE_LIMITED, REJECTED, RETRYABLE, SUCCESS
 from media_hooks.receiver import Receiver, Reply, by_attempt
-from media_hooks.send_loop import SendLoop
+from media_hooks.send_loop import SendLoop, new_event_loop
 from media_hooks.sender import MAX_EXCERPT_CHARS, Sender
 
 BODY = b'{"type":"asset.transcoded","timestamp":"2026-03-01T12:00:00Z","asset_id":"a-1","data":{"t":"caf\xc3\xa9 \\u00e9"}}'
@@ -304,10 +304,27 @@ def test_concurrent_sends_from_threads(receiver) -> None:
     assert rx.connections_opened <= 4
 
 
-def test_senders_sharing_a_loop_wait_together_and_close_apart(receiver) -> None:
+@pytest.fixture(params=["uvloop", "asyncio"])
+def loop_kind(request, monkeypatch) -> str:
+    """Send loops on uvloop (where it is installed) and on asyncio's own loop (where it is not:
+    an import of it fails)."""
+    if request.param == "uvloop":
+        uvloop = pytest.importorskip("uvloop")
+        made = new_event_loop()
+        made.close()
+        assert isinstance(made, uvloop.Loop)
+    else:
+        monkeypatch.setitem(sys.modules, "uvloop", None)
+        made = new_event_loop()
+        made.close()
+        assert type(made).__module__.startswith("asyncio")
+    return request.param
+
+
+def test_senders_sharing_a_loop_wait_together_and_close_apart(receiver, loop_kind) -> None:
     """A run's destinations share one event loop: requests submitted from one thread are all in
     flight at once, closing one destination's sender leaves the others sending, and closing
-    the loop ends its thread."""
+    the loop ends its thread (and the executor its DNS lookups ran in)."""
     rx = receiver(reply=Reply(delay_seconds=0.3))
     with SendLoop(name="send-loop-test") as loop:
         first = Sender(rx.url + "first", [], 5, True, max_in_flight=2, loop=loop)

@@ -25,9 +25,9 @@ T = TypeVar("T")
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """uvloop's loop where it is installed (every platform but Windows), else asyncio's own.
 
-    On fifty slow publishers, alternating runs of the same hour, uvloop cost 5% less of the
-    machine's CPU per delivery and reached 0.88 of the sum of the limits against asyncio's 0.81,
-    with a narrower spread between runs.
+    On fifty slow publishers, in alternating runs of the same hour, a delivery cost 5-9% less
+    of the machine's CPU on uvloop; where that CPU decided the rate, uvloop reached 0.88 of the
+    sum of the limits against asyncio's 0.81 (bench/results/paired-uvloop-2026-12-04).
     """
     try:
         import uvloop

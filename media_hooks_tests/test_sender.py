@@ -324,7 +324,7 @@ def loop_kind(request, monkeypatch) -> str:
 def test_senders_sharing_a_loop_wait_together_and_close_apart(receiver, loop_kind) -> None:
     """A run's destinations share one event loop: requests submitted from one thread are all in
     flight at once, closing one destination's sender leaves the others sending, and closing
-    the loop ends its thread (and the executor its DNS lookups ran in)."""
+    the loop ends its thread."""
     rx = receiver(reply=Reply(delay_seconds=0.3))
     with SendLoop(name="send-loop-test") as loop:
         first = Sender(rx.url + "first", [], 5, True, max_in_flight=2, loop=loop)

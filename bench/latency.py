@@ -9,9 +9,9 @@ machine's). Two drivers, each on a fresh database and Dagster storage:
 - ``sensor``: ``delivery_lag_sensor`` evaluated every ``sensor_interval`` seconds with
   Dagster's ``build_sensor_context`` against a real instance, with the resources the project's
   ``Definitions`` bind. Each run it requests is created in the instance at once, as the daemon
-  does, and launched through the instance's run launcher, as the daemon launches it (the
-  project's ``WarmRunLauncher``: forked from a server that has Dagster loaded). Deployed, the
-  sensor ticks every 30 s: add up to that to its figures.
+  does, and launched in a fresh interpreter, as Dagster's DefaultRunLauncher launches it
+  (``bench.launch_run``). Deployed, the sensor ticks every 30 s: add up to that to its
+  figures.
 - ``by_hand``: ``media-hooks run --until-idle --json`` started as the emits start, and started
   again whenever it returns with deliveries still to come (an operator who keeps it going).
 
@@ -21,8 +21,7 @@ The run ends when every emitted delivery reached the receiver (or at a deadline)
 from __future__ import annotations
 
 import json
-import os
-import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,7 +32,7 @@ import psycopg
 
 from bench import stats
 from bench.fast_receiver import take_log
-from bench.processes import python_command, run_measured
+from bench.processes import python_command, run_measured, stop_group
 from bench.scratch import Destination, add_destinations
 from bench.session import Session
 from media_hooks.emit import Event, emit
@@ -90,19 +89,17 @@ Drive = Callable[[Emitter, float], int]
 
 @contextmanager
 def sensor_driver(session: Session, url: str, storage: str) -> Iterator[Drive]:
-    """The lag sensor's evaluation loop, launching each run it requests through the
-    instance's run launcher, as the daemon does. Dagster is loaded, the instance opened and
-    the launcher's warm server started before the emits start (a deployed daemon's is warm
-    after its first run), so none of that counts as latency."""
+    """The lag sensor's evaluation loop, launching each run it requests in a process of its
+    own, as the daemon does. Dagster is loaded and the instance opened before the emits start
+    (a deployed daemon's are), so none of that counts as latency."""
     from dagster import SensorResult, build_sensor_context
 
     from bench.launch_run import LAG_SENSOR, create_run, daemon_instance, launch, settled
-    from media_hooks.orchestration import run_workers
     from media_hooks.orchestration.definitions import defs
 
     sensor = defs.resolve_sensor_def(LAG_SENSOR)
     launched: list[str] = []
-    running: list[str] = []  # launched and not finished when last looked at
+    running: dict[str, subprocess.Popen] = {}  # launched and not finished when last looked at
     keys: set[str] = set()
 
     def drive(emitter: Emitter, deadline: float) -> int:
@@ -124,10 +121,12 @@ def sensor_driver(session: Session, url: str, storage: str) -> Iterator[Drive]:
                         keys.add(request.run_key)
                         tags["dagster/run_key"] = request.run_key
                     run = create_run(instance, request.run_config, {**request.tags, **tags})
-                    launch(instance, run.run_id, env, warm=True)
+                    running[run.run_id] = launch(instance, run.run_id, env)
                     launched.append(run.run_id)
-                    running.append(run.run_id)
-            running[:] = [r for r in running if not settled(instance, r, None).is_finished]
+            for run_id, process in list(running.items()):
+                if settled(instance, run_id, process).is_finished:
+                    process.wait()
+                    del running[run_id]
             if not emitter.is_alive() and not running and _delivered(url) >= emitter.count:
                 break
             time.sleep(max(0.0, tick + session.size.sensor_interval - time.monotonic()))
@@ -137,11 +136,8 @@ def sensor_driver(session: Session, url: str, storage: str) -> Iterator[Drive]:
         try:
             yield drive
         finally:
-            for run_id in running:
-                run = instance.get_run_by_id(run_id)
-                worker = run_workers.worker_of(run) if not run.is_finished else None
-                if worker is not None and worker.is_gone() is False:
-                    os.kill(worker.pid, signal.SIGKILL)
+            for process in running.values():
+                stop_group(process)
 
 
 @contextmanager
@@ -230,8 +226,8 @@ def measure(session: Session) -> dict[str, Any]:
         "notes": [
             f"The sensor is evaluated every {size.sensor_interval:g} s here; deployed it ticks "
             "every 30 s, which adds up to 30 s (15 s on average) to its latencies.",
-            "A run the sensor requests is created in the instance at once and launched "
-            "through the instance's run launcher (WarmRunLauncher, its server started before "
-            "the emits), as under the daemon.",
+            "A run the sensor requests is created in the instance at once and launched in a "
+            "fresh interpreter (`dagster api execute_run`), as Dagster's DefaultRunLauncher "
+            "launches it under the daemon.",
         ],
     }

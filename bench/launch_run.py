@@ -1,14 +1,10 @@
-"""Delivery runs launched as the daemon launches them: through the instance's run launcher
-(the project's ``WarmRunLauncher``, forking each run from its warm server), or in a fresh
-interpreter, as Dagster's DefaultRunLauncher has its code server start each run.
-
-    python -m bench.launch_run RUN_ID     (the fresh interpreter; DAGSTER_HOME and the
-                                           storage from the environment)
+"""Delivery runs launched as the daemon launches them: each in a fresh interpreter running
+``dagster api execute_run``, the command Dagster's DefaultRunLauncher has its code server start
+for each run (without the code server itself, which a deployed daemon keeps running).
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -17,11 +13,11 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from dagster import DagsterInstance, DagsterRun, reconstructable
-from dagster._core.instance.ref import InstanceRef  # private; Dagster is pinned
+from dagster._core.instance.ref import InstanceRef  # private paths; Dagster is pinned
+from dagster._grpc.types import ExecuteRunArgs
 from dagster._serdes import serialize_value
 
-from bench.processes import python_command, start
-from media_hooks.orchestration import run_workers
+from bench.processes import start
 from media_hooks.orchestration.definitions import deliver_webhooks_job
 
 if TYPE_CHECKING:  # not imported by the fresh interpreter, whose start is measured
@@ -32,19 +28,16 @@ LAG_SENSOR = "delivery_lag_sensor"
 
 @contextmanager
 def daemon_instance(
-    session: Session, url: str, storage: str, *, warm: bool = True
+    session: Session, url: str, storage: str
 ) -> Iterator[tuple[DagsterInstance, dict[str, str]]]:
     """An instance of its own DAGSTER_HOME on the session's database and Dagster storage, this
-    process's environment bound to them as a daemon's is, with its launcher's warm server
-    started (``warm``: a deployed daemon's is after its first run); and the environment of a
-    run's process."""
+    process's environment bound to them as a daemon's is; and the environment of a run's
+    process."""
     from bench.session import environment
 
     home = session.dagster_home()
     env = session.env(url, storage, DAGSTER_HOME=str(home))
     with environment(**env), DagsterInstance.from_config(str(home)) as instance:
-        if warm:
-            instance.run_launcher.zygote.start()
         yield instance, env
 
 
@@ -61,29 +54,26 @@ def create_run(
     )
 
 
-def launch(
-    instance: DagsterInstance, run_id: str, env: dict[str, str], *, warm: bool
-) -> subprocess.Popen | None:
-    """Launches the run: through the instance's launcher (``warm``), or in a fresh
-    interpreter, whose process is returned."""
-    if warm:
-        instance.launch_run(run_id, workspace=None)
-        return None
-    return start(python_command("bench.launch_run", run_id), env)
+def launch(instance: DagsterInstance, run_id: str, env: dict[str, str]) -> subprocess.Popen:
+    """Launches the run in a fresh interpreter, as the DefaultRunLauncher's code server does."""
+    run = instance.get_run_by_id(run_id)
+    args = ExecuteRunArgs(
+        job_origin=run.job_code_origin,
+        run_id=run_id,
+        instance_ref=InstanceRef.from_dir(env["DAGSTER_HOME"]),
+        set_exit_code_on_failure=True,
+    )
+    # The code server's command, with this interpreter: `dagster` need not be on PATH.
+    return start(
+        [sys.executable, "-m", "dagster", "api", "execute_run", serialize_value(args)], env
+    )
 
 
-def _process_ended(run: DagsterRun, process) -> bool:
-    if process is not None:
-        return process.poll() is not None
-    worker = run_workers.worker_of(run)
-    return worker is not None and worker.is_gone() is True
-
-
-def settled(instance: DagsterInstance, run_id: str, process) -> DagsterRun:
+def settled(instance: DagsterInstance, run_id: str, process: subprocess.Popen) -> DagsterRun:
     """The run as it stands, failed first when its process ended before it did (as the
     daemon's run monitoring would fail it, so that the sensor may request another)."""
     run = instance.get_run_by_id(run_id)
-    if run.is_finished or not _process_ended(run, process):
+    if run.is_finished or process.poll() is None:
         return run
     run = instance.get_run_by_id(run_id)  # again: what the process wrote before it ended
     if not run.is_finished:
@@ -91,7 +81,9 @@ def settled(instance: DagsterInstance, run_id: str, process) -> DagsterRun:
     return instance.get_run_by_id(run_id)
 
 
-def wait_finished(instance: DagsterInstance, run_id: str, process, timeout: float) -> DagsterRun:
+def wait_finished(
+    instance: DagsterInstance, run_id: str, process: subprocess.Popen, timeout: float
+) -> DagsterRun:
     """The run once it finished (or failed, when its process ended first, or at ``timeout``)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -102,14 +94,3 @@ def wait_finished(instance: DagsterInstance, run_id: str, process, timeout: floa
             instance.report_run_failed(run)
             return instance.get_run_by_id(run_id)
         time.sleep(0.01)
-
-
-def main() -> int:
-    from media_hooks.orchestration.zygote import execute
-
-    ref = serialize_value(InstanceRef.from_dir(os.environ["DAGSTER_HOME"]))
-    return execute(sys.argv[1], ref)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,8 +4,7 @@ For each backlog (spread over a few destinations on the instant receiver) the en
 job each start a plain run, with their defaults, and the resident memory of the run's process
 and all its descendants (any step processes an executor starts) is summed every 0.1 s. A
 run is watched until the receiver has seen a few thousand of its deliveries (or it ends, or a
-time limit passes) and then stopped (the job in a process of its own, warm runs off: a run
-handed to the warm run server is a child of that server, outside the command's tree): by then it has claimed, planned and started delivering,
+time limit passes) and then stopped: by then it has claimed, planned and started delivering,
 so a run that holds the whole backlog shows it (a million rows would take far longer to
 deliver than a benchmark has), and a bounded one shows its plateau. Target: the largest
 backlog's peak within 1.2x of the smallest's.
@@ -57,9 +56,7 @@ def measure(session: Session) -> dict[str, Any]:
 
         def job(template: str = template) -> dict:
             with session.scratch.database(template) as url, session.dagster_storage() as storage:
-                run = paths.run_job(
-                    session, url, storage, timeout=job_seconds, until=enough(), warm=False
-                )
+                run = paths.run_job(session, url, storage, timeout=job_seconds, until=enough())
                 return _watched(run, size.memory_destinations, size.memory_deliveries)
 
         engines[f"engine_{backlog}"] = engine

@@ -2,8 +2,7 @@
 
 Through stable interfaces only, so the figures survive a redesign of the job's internals:
 
-- the job: ``media-hooks run --until-idle --json`` (CONTRACT.md), a subprocess (which hands
-  the run to the session's warm run server, or, cold, runs it itself);
+- the job: ``media-hooks run --until-idle --json`` (the public command line), a subprocess;
 - the engine: ``media_hooks.delivery_run.deliver_due(pool, run_id, settings, ...)`` in a
   process of its own (``bench.run_peer engine``), its batches in threads;
 - the peers (``bench.peers``): a bare ``requests`` loop, the design record's rejected design
@@ -123,14 +122,10 @@ def run_job(
     storage: str,
     timeout: float | None = None,
     until: Callable[[], bool] | None = None,
-    *,
-    warm: bool = True,
 ) -> PathRun:
-    """``media-hooks run --until-idle --json``: the Dagster job, as the CLI runs it: handed to
-    the session's warm run server (the command's default once one runs), or with ``warm``
-    false in the command's own process, as its first run, or any with warm runs off, does."""
+    """``media-hooks run --until-idle --json``: the Dagster job, as the CLI runs it."""
     command = python_command("media_hooks.cli", "run", "--until-idle", "--json")
-    env = session.env(url, storage, **({} if warm else {"MEDIA_HOOKS_WARM_RUNS": "off"}))
+    env = session.env(url, storage)
     return _run(session, "job", [command], env, timeout, until)
 
 

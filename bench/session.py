@@ -11,7 +11,6 @@ from __future__ import annotations
 import compileall
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -20,9 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from bench import processes
 from bench.fast_receiver import fast_receiver
-from bench.processes import REPO, python_command
+from bench.processes import REPO
 from bench.scratch import Scratch, database_name, server_url
 from bench.sizes import Size
 
@@ -162,35 +160,6 @@ def environment(**values: str) -> Iterator[None]:
 
 
 @contextmanager
-def warm_run_server(home: Path) -> Iterator[None]:
-    """The warm run server ``media-hooks run`` hands its runs to (``media_hooks.cli.warm``),
-    started before the first job is measured, as after an operator's first run, and stopped
-    with the session. Started here, not by the first measured run: its start (Dagster's
-    import) would otherwise fall on whatever the benchmark measures next. It stays in the
-    session of the command that starts it, as the runs forked from it do: the benchmark's, or
-    with ``--own-sessions`` one of its own (see ``bench.processes``)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEDIA_HOOKS_", "DAGSTER_"))}
-    env.update(MEDIA_HOOKS_HOME=str(home), PYTHONPATH=str(REPO))
-
-    def warm(action: str) -> None:
-        command = python_command("media_hooks.cli", "warm", action)
-        subprocess.run(
-            command,
-            env=env,
-            cwd=REPO,
-            check=True,
-            capture_output=True,
-            start_new_session=processes.own_sessions,
-        )
-
-    warm("start")
-    try:
-        yield
-    finally:
-        warm("stop")
-
-
-@contextmanager
 def session(size: Size) -> Iterator[Session]:
     # Every measured process starts from compiled bytecode, as an installed copy does: where
     # PYTHONDONTWRITEBYTECODE is set, an editable checkout would otherwise be compiled again at
@@ -202,6 +171,5 @@ def session(size: Size) -> Iterator[Session]:
         stack.callback(shutil.rmtree, home, True)
         scratch = stack.enter_context(Scratch(server_url()))
         receiver = stack.enter_context(fast_receiver())
-        stack.enter_context(warm_run_server(home))
         deadline = time.monotonic() + size.session_seconds
         yield Session(size, scratch, receiver, home, deadline)

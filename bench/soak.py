@@ -6,10 +6,7 @@
 N deliveries over M rate-limited destinations are emitted (``media-hooks emit --file``) to a
 publisher that answers at random (``bench.soak_receiver``). K ``media-hooks run --until-idle``
 processes deliver them in parallel, each in a process group of its own, SIGKILLed as a group at
-random and restarted (the restarted one recovers its predecessor's runs). Each slot's first
-command runs its runs itself and leaves a warm run server in the slot's home; the commands after
-it hand their runs to that server (``media_hooks.cli.warm``), so a kill lands on a command whose
-run is the server's child and must die with it. Meanwhile, at set
+random and restarted (the restarted one recovers its predecessor's runs). Meanwhile, at set
 points of the chaos phase: a requeue of a cohort, a ``db migrate``, an operator session holding
 row locks for a few seconds, the project's connections killed for 10-20 s (pg_terminate_backend
 in a loop), and a publisher outage. Then final runs deliver what is left, ``media-hooks check``
@@ -45,7 +42,6 @@ from bench import processes
 from bench.scratch import RESULTS, Scratch, database_name, machine, postgres, server_url
 from bench.soak_receiver import ChaosPublisher, Limits
 from bench.soak_table import measure, render
-from media_hooks.cli import warm
 
 LEASE_SECONDS = 8.0
 ENQUEUE_TIMEOUT_SECONDS = 20.0
@@ -393,9 +389,6 @@ def soak(size_name: str, seed: int, out: Path) -> int:
             )  # fmt: skip
         finally:
             publisher.stop()
-            for home in folder.glob("slot-*"):
-                for running in warm.servers(home):
-                    warm.stop(running)
             with psycopg.connect(server, autocommit=True) as admin:
                 admin.execute(
                     f'DROP DATABASE IF EXISTS "{database_name(url)}_dagster" WITH (FORCE)'

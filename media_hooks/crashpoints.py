@@ -4,9 +4,7 @@
 no commit) the first time it reaches that point; ``MEDIA_HOOKS_CRASH_AFTER=N`` lets the point
 pass N times first. Unset, ``hit`` is two comparisons.
 
-Both are read at the first point the process reaches, not when the module loads: a warm run
-server's child adopts its caller's environment after the server loaded this module
-(``media_hooks.orchestration.project_code``).
+Both are read once, at the first point the process reaches.
 """
 
 from __future__ import annotations

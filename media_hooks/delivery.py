@@ -940,9 +940,9 @@ def _collector_frozen() -> Iterator[None]:
 
     A full pass walks every tracked object (aiohttp's, psycopg's, the rest: 25-60 ms here) and
     holds up every thread meanwhile, so the starts due in it leave together, bunched against
-    the destinations' rate envelopes. A process that froze its own objects (the command line
-    and the run launcher's server, after their imports) is left as it is; otherwise they are
-    unfrozen afterwards, so that nothing stays out of collection after the run.
+    the destinations' rate envelopes. A process that froze its own objects is left as it is;
+    otherwise they are unfrozen afterwards, so that nothing stays out of collection after the
+    run.
     """
     if gc.get_freeze_count():
         yield

@@ -244,9 +244,6 @@ def cli_env(database_url: str, tmp_path: Path) -> dict[str, str]:
     env["MEDIA_HOOKS_DATABASE_URL"] = database_url
     env["MEDIA_HOOKS_HOME"] = str(tmp_path / "home")
     env["MEDIA_HOOKS_ALLOW_PRIVATE_URLS"] = "1"
-    # Each `media-hooks run` in its own process, and none leaves a warm run server behind
-    # (media_hooks_tests/orchestration/test_run_server.py tests those).
-    env["MEDIA_HOOKS_WARM_RUNS"] = "off"
     return env
 
 

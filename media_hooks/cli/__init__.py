@@ -19,7 +19,6 @@ import sys
 from collections.abc import Iterator, Sequence
 from functools import cache
 
-from media_hooks.cli.loading import collector_paused, own_process
 from media_hooks.errors import RuntimeFailure, UserError, first_line
 
 _MODULE_SUFFIX = "_commands"
@@ -86,24 +85,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     if argv is not None:  # a program's call: its process goes on afterwards
         return _run(argv)
-    words = sys.argv[1:]
-    warm_run = words[:1] == ["run"]
-    if warm_run:
-        code = _hand_over(words)
-        if code is not None:
-            return code
-    code = run_in_this_process()
-    if warm_run and code == 0:
-        from media_hooks.cli import warm
-
-        warm.start_quietly()  # for the next `media-hooks run`
-    return code
-
-
-def run_in_this_process() -> int:
-    """The command line in ``sys.argv``, in this process, which ends afterwards (the console
-    script, ``python -m media_hooks.cli``, a child of the warm run server)."""
-    own_process()
     code = _run(None)
     # The process ends now. Its last garbage collection would walk every object the imports
     # made (Dagster's are many): a second of `media-hooks run`'s wall time on 2 cores, for
@@ -112,31 +93,15 @@ def run_in_this_process() -> int:
     return code
 
 
-def _hand_over(words: list[str]) -> int | None:
-    """`media-hooks run` in a child of the warm run server (media_hooks.cli.warm): its exit
-    status, or None when no server took it."""
-    from media_hooks.cli import warm
-
-    try:
-        return warm.hand_over(words) if warm.enabled() else None
-    except UserError as exc:
-        print(f"media-hooks: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("media-hooks: interrupted", file=sys.stderr)
-        return 130
-
-
 def _run(argv: Sequence[str] | None) -> int:
-    import psycopg  # here, not above: a run handed to the warm server never needs it
+    import psycopg
 
     # psycopg logs what it ignores while cleaning up after a lost connection ("error ignored
     # terminating <psycopg.Copy [BAD]>"); the one line below says what failed.
     logging.getLogger("psycopg").addHandler(logging.NullHandler())
     try:
         words = sys.argv[1:] if argv is None else argv
-        with collector_paused():
-            parser = build_parser(_named_command(words))
+        parser = build_parser(_named_command(words))
         args = parser.parse_args(words)
         return int(args.handler(args) or 0)
     except (UserError, RuntimeFailure) as exc:

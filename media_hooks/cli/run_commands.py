@@ -7,7 +7,6 @@ import os
 import time
 
 from media_hooks import db, figures, numeric
-from media_hooks.cli.loading import collector_paused
 from media_hooks.cli.output import print_json, table
 from media_hooks.config import Settings
 from media_hooks.errors import RuntimeFailure, first_line
@@ -168,8 +167,7 @@ def run_deliveries(args: argparse.Namespace) -> int:
     SecretBox.from_env()  # a malformed key is refused here, not by every delivery step
     url = db.ready_url(settings)
     # Dagster loads only when there is work to run: usage errors stay fast.
-    with collector_paused():
-        from media_hooks.cli.supervision import DagsterConsole, RunSupervisor
+    from media_hooks.cli.supervision import DagsterConsole, RunSupervisor
 
     # Step processes then reuse this ready database instead of resolving the default again.
     os.environ["MEDIA_HOOKS_DATABASE_URL"] = url
@@ -181,8 +179,7 @@ def run_deliveries(args: argparse.Namespace) -> int:
     config = _claim_config(args)
     with supervisor.watchdog as watchdog:
         try:
-            with collector_paused():
-                supervisor.open()
+            supervisor.open()
             report.recovered(supervisor.recover())
         except RuntimeFailure:
             raise

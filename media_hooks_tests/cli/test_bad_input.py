@@ -194,11 +194,6 @@ CASES = {
     ),
     "run: delivery cpu": Case(["run"], "MEDIA_HOOKS_DELIVERY_CPU", {"MEDIA_HOOKS_DELIVERY_CPU": "fastest"}),
     "run: secret key": Case(["run"], "MEDIA_HOOKS_SECRET_KEY", {"MEDIA_HOOKS_SECRET_KEY": "hunter2,x"}),
-    # warm
-    "warm: start idle zero": Case(["warm", "start", "--idle-seconds", "0"], "--idle-seconds"),
-    "warm: start switch": Case(["warm", "start"], "MEDIA_HOOKS_WARM_RUNS must be", {"MEDIA_HOOKS_WARM_RUNS": "yes"}),
-    "warm: stop extra": Case(["warm", "stop", "now"], "unrecognized arguments: now"),
-    "warm: status switch": Case(["warm", "status"], "MEDIA_HOOKS_WARM_RUNS must be", {"MEDIA_HOOKS_WARM_RUNS": "1"}),
     # status / inspect / metrics
     "status: private urls yes": Case(
         ["status"], "MEDIA_HOOKS_ALLOW_PRIVATE_URLS must be 1", {"MEDIA_HOOKS_ALLOW_PRIVATE_URLS": "yes"}

@@ -14,7 +14,6 @@ import time
 import pytest
 import requests
 import yaml
-from dagster import DagsterEventType
 
 from media_hooks.receiver import Receiver, Reply
 from media_hooks_tests.conftest import run_cli, start_cli
@@ -217,14 +216,11 @@ def test_dagster_ui_loads_everything_and_launches_a_delivery_run(env, conn, rece
         assert tags["media_hooks/outcome"] == "all-delivered"
         assert tags["media_hooks/delivered"] == "5"
         assert tags["media_hooks/cohort.destination_ids"] == "alpha"
-        # Its worker, recorded for the recovery passes, was forked by the daemon's run launcher
-        # from its warm server.
+        # Its worker, recorded for the recovery passes, is the process Dagster's own launcher
+        # started for it.
         worker = json.loads(tags["media_hooks/worker"])
         assert (worker["run_id"], worker["host"]) == (run_id, socket.gethostname())
         assert worker["pid"] not in (os.getpid(), dev.pid)
-        launched = f"Launched in a process forked from the warm run server (pid {worker['pid']})."
-        engine = instance.get_records_for_run(run_id, of_type=DagsterEventType.ENGINE_EVENT)
-        assert launched in [r.event_log_entry.dagster_event.message for r in engine.records]
 
         # The lag sensor's page: each tick's cursor leads with its health line.
         selector = {**LOCATION, "sensorName": "delivery_lag_sensor"}

@@ -7,7 +7,7 @@ deliveries on the embedded server for the default pass; ``--all`` may be slower)
 Seeds a scratch database with a realistic history (mostly succeeded deliveries with their
 outbox rows and attempts over three days, some dead, a pending backlog, a few thousand enqueued
 and leased ones in flight, tombstones of purged deliveries, limiter rows), then times the
-default pass (median of three) and one ``--all`` pass through ``media_hooks.checks.run``.
+default pass (median of three) and one ``--all`` pass through ``media_hooks.observe.checks.run``.
 Writes ``bench/results/check_speed.json``.
 """
 
@@ -29,7 +29,7 @@ from bench.scratch import (
     scratch_database,
     write_results,
 )
-from media_hooks import checks
+from media_hooks.observe import checks
 
 DESTINATIONS = 20
 

@@ -2,7 +2,7 @@
 
 At each page size:
 
-- ``one``: ``media_hooks.reconciler.claim_due`` (a cohort's due pages, oldest first), one
+- ``one``: ``media_hooks.outbox.claims.claim_due`` (a cohort's due pages, oldest first), one
   reconciler;
 - ``two``: two reconcilers at once, each on its own connection in its own thread (SKIP LOCKED
   divides the rows; the work is the server's, so threads stand for processes here);
@@ -36,9 +36,9 @@ from psycopg.rows import dict_row
 from bench import stats
 from bench.scratch import Destination, add_destinations, add_due_deliveries
 from bench.session import Session
-from media_hooks.cohort import Cohort
-from media_hooks.reconciler import claim_destination_page, claim_due
-from media_hooks.sqlfiles import query
+from media_hooks.outbox.claims import claim_destination_page, claim_due
+from media_hooks.outbox.cohort import Cohort
+from media_hooks.store.sqlfiles import query
 
 SKETCH_PAGE = 250
 SKETCH_SELECT = """

@@ -1,6 +1,6 @@
 """(1) Emit: deliveries recorded per second in bulk, against a bare COPY of the same rows.
 
-- ``emit_many``: the producer's API (``media_hooks.emit.emit_many``), one transaction: it
+- ``emit_many``: the producer's API (``media_hooks.outbox.emit.emit_many``), one transaction: it
   validates each event, serializes its body, stages the rows with COPY and records the new
   ones in one INSERT.
 - ``emit --file``: ``media-hooks emit --file`` on a JSON-lines file, the whole process
@@ -28,7 +28,7 @@ from bench import stats
 from bench.processes import python_command, run_measured
 from bench.scratch import Destination, add_destinations
 from bench.session import Session
-from media_hooks.emit import Event, emit_many
+from media_hooks.outbox.emit import Event, emit_many
 
 DESTINATION = "bench-publisher"
 # Issue 2's target for bulk emit.

@@ -4,7 +4,7 @@ Measures, in one run against the same fast receiver (bench.fast_receiver, its ow
 a bare ``requests.Session`` POST loop with the environment's proxy lookup on every request
 (``trust_env`` True, requests' default) and without it; ``Sender.send`` in a loop (signed and
 unsigned) and from 4 threads, spread over the CPUs and kept on one; and, for scale, the bare
-loop against the in-process ``media_hooks.receiver.Receiver`` (http.server), which is why the
+loop against the in-process ``media_hooks.devtools.receiver.Receiver`` (http.server), which is why the
 fast receiver exists.
 
     .venv/bin/python -m bench.http_send [--requests 4000]
@@ -28,9 +28,9 @@ import requests
 from bench import stats
 from bench.fast_receiver import fast_receiver
 from bench.scratch import write_results
-from media_hooks import affinity
-from media_hooks.receiver import Receiver
-from media_hooks.sender import Sender
+from media_hooks.core import affinity
+from media_hooks.devtools.receiver import Receiver
+from media_hooks.http.sender import Sender
 
 BODY = json.dumps(
     {
@@ -181,7 +181,7 @@ def main() -> None:
     print(f"{'fast receiver':40}  {'median':>8}  {'max':>8}  (req/s)")
     for name, summary in figures.items():
         print(f"{name:40}  {summary['median']:8.0f}  {summary['max']:8.0f}")
-    print("http.server Receiver (media_hooks.receiver)")
+    print("http.server Receiver (media_hooks.devtools.receiver)")
     for name, summary in document["http_server_receiver_req_per_s"].items():
         print(f"{name:40}  {summary['median']:8.0f}  {summary['max']:8.0f}")
     print(

@@ -1,7 +1,7 @@
 """(7) Latency: from emit to the receiver, when the lag sensor drives catch-up runs and when an
 operator starts a run by hand.
 
-A producer emits deliveries at a steady rate (``media_hooks.emit.emit``, one committed
+A producer emits deliveries at a steady rate (``media_hooks.outbox.emit.emit``, one committed
 statement each) to destinations on the receiver; each delivery's latency is the receiver's
 first sight of its ``webhook-id`` minus the moment its emit returned (one clock: this
 machine's). Two drivers, each on a fresh database and Dagster storage:
@@ -35,7 +35,7 @@ from bench.fast_receiver import take_log
 from bench.processes import python_command, run_measured, stop_group
 from bench.scratch import Destination, add_destinations
 from bench.session import Session
-from media_hooks.emit import Event, emit
+from media_hooks.outbox.emit import Event, emit
 
 LATENCY_MS = 50
 METRICS = {

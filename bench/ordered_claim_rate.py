@@ -4,7 +4,7 @@ with ``--ordering asset`` against the same backlog on a plain destination, in th
 The backlog is recorded the way a producer records it, through ``emit_many`` (the bulk emit
 path), so an ordered destination's held deliveries are born parked as in production (migration
 0013). Shapes (each run is a delivery run's reconciler step: the sweeps, among them the one that
-wakes a parked delivery left heading its queue, then ``reconciler.claim_due`` of the whole due
+wakes a parked delivery left heading its queue, then ``claims.claim_due`` of the whole due
 backlog in pages of 250; timed together, in a fresh clone of the seeded database):
 
 - ``distinct``: every delivery a different asset: every row is a queue head, so the ordered
@@ -34,11 +34,11 @@ from typing import Any
 import psycopg
 
 from bench.scratch import Scratch, postgres, server_url, write_results
-from media_hooks import sweeps
-from media_hooks.cohort import Cohort
-from media_hooks.config import Settings
-from media_hooks.emit import Event, emit_many
-from media_hooks.reconciler import claim_due
+from media_hooks.core.config import Settings
+from media_hooks.outbox.claims import claim_due
+from media_hooks.outbox.cohort import Cohort
+from media_hooks.outbox.emit import Event, emit_many
+from media_hooks.outbox.maintenance import sweeps
 
 TARGET_RATIO = 0.5
 SHAPES = {"distinct": 1, "revisions": 4}

@@ -3,7 +3,7 @@
 Through stable interfaces only, so the figures survive a redesign of the job's internals:
 
 - the job: ``media-hooks run --until-idle --json`` (the public command line), a subprocess;
-- the engine: ``media_hooks.delivery_run.deliver_due(pool, run_id, settings, ...)`` in a
+- the engine: ``media_hooks.engine.delivery_run.deliver_due(pool, run_id, settings, ...)`` in a
   process of its own (``bench.run_peer engine``), its batches in threads;
 - the peers (``bench.peers``): a bare ``requests`` loop, the design record's rejected design
   and Procrastinate.

@@ -5,7 +5,7 @@ prints one JSON line: ``{"seconds": …, "delivered": …}`` (``seconds``: the d
 without the interpreter's start). The harness (``bench.paths``) starts them as processes of
 their own and times them from outside too.
 
-- ``engine``: ``media_hooks.delivery_run.deliver_due`` (sweeps, claim, batches in threads),
+- ``engine``: ``media_hooks.engine.delivery_run.deliver_due`` (sweeps, claim, batches in threads),
   with the configuration from the environment, as a host timer or a script would run it.
 - ``bare``: a plain ``requests.Session`` posting the same bodies one after another: the
   cost of HTTP alone, no database in the loop.
@@ -57,9 +57,9 @@ def _post(session: requests.Session, url: str, delivery_id: str, body: bytes) ->
 
 def engine(url: str, run_id: str, **options: int) -> dict:
     """``deliver_due`` with its own defaults, and any ``options`` given (page_size, ...)."""
-    from media_hooks import db
-    from media_hooks.config import Settings
-    from media_hooks.delivery_run import deliver_due
+    from media_hooks.core.config import Settings
+    from media_hooks.engine.delivery_run import deliver_due
+    from media_hooks.store import db
 
     with psycopg.connect(url) as conn:
         destinations = conn.execute("SELECT count(*) FROM webhook_destination").fetchone()[0]

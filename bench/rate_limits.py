@@ -23,7 +23,8 @@ import time
 import psycopg
 
 from bench.scratch import scratch_database, server_url, write_results
-from media_hooks import db, rate_limits
+from media_hooks.outbox import rate_limits
+from media_hooks.store import db
 
 DESTINATION = "bench-unlimited"
 ADD_DESTINATION = """

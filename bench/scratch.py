@@ -22,8 +22,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from media_hooks import db, embedded, migrations
-from media_hooks.config import Settings
+from media_hooks.core.config import Settings
+from media_hooks.store import db, embedded, migrations
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -1,4 +1,4 @@
-"""The chaos soak's publisher: ``media_hooks.receiver.Receiver`` answering at random, and what it
+"""The chaos soak's publisher: ``media_hooks.devtools.receiver.Receiver`` answering at random, and what it
 saw, per destination, for the soak's table (``bench.soak``).
 
 Each request draws an answer: mostly 200; 429 with and without Retry-After; 503; 500; a 200
@@ -18,7 +18,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from bench.stats import envelope_excess
-from media_hooks.receiver import ReceivedRequest, Receiver, Reply, RequestInfo
+from media_hooks.devtools.receiver import ReceivedRequest, Receiver, Reply, RequestInfo
 
 # Cumulative chances of each answer (the rest: 200 at once).
 ANSWERS = (

@@ -29,10 +29,10 @@ from bench.scratch import (
     unlimited_destinations,
     write_results,
 )
-from media_hooks import leases
-from media_hooks.cohort import Cohort
-from media_hooks.leases import Lease, Message, Outcome
-from media_hooks.reconciler import claim_due, plan_batches
+from media_hooks.outbox import leases
+from media_hooks.outbox.claims import claim_due, plan_batches
+from media_hooks.outbox.cohort import Cohort
+from media_hooks.outbox.leases import Lease, Message, Outcome
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -24,9 +24,9 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from media_hooks import db, migrations
-from media_hooks.config import Settings
-from media_hooks.db import with_database
+from media_hooks.core.config import Settings
+from media_hooks.store import db, migrations
+from media_hooks.store.db import with_database
 
 REPO = Path(__file__).resolve().parent.parent
 

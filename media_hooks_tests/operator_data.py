@@ -8,11 +8,11 @@ import time
 
 import psycopg
 
-from media_hooks import leases, rate_limits, reconciler
-from media_hooks.cohort import Cohort
-from media_hooks.destinations import disable_destination
-from media_hooks.leases import Lease, Outcome
-from media_hooks.requeue import requeue
+from media_hooks.outbox import claims, leases, rate_limits
+from media_hooks.outbox.cohort import Cohort
+from media_hooks.outbox.destinations import disable_destination
+from media_hooks.outbox.leases import Lease, Outcome
+from media_hooks.outbox.maintenance.requeue import requeue
 from media_hooks_tests.factories import add_deliveries, add_destination
 
 RUN = "run-prepared-1"
@@ -54,8 +54,8 @@ def prepare(conn: psycopg.Connection) -> dict[str, str]:
     for name in ("alpha", "beta", "gamma"):
         add_destination(conn, name, f"http://127.0.0.1:9/{name}")
     ids = add_deliveries(conn, "alpha", 7, prefix="a")
-    reconciler.claim_due(conn, RUN, Cohort(destination_ids=("alpha",)))
-    (batch,) = reconciler.plan_batches(conn, RUN)
+    claims.claim_due(conn, RUN, Cohort(destination_ids=("alpha",)))
+    (batch,) = claims.plan_batches(conn, RUN)
     published = leases.publish_page(
         conn,
         run_id=RUN,

@@ -7,9 +7,9 @@ import json
 
 import psycopg
 
-from media_hooks.cohort import Cohort
-from media_hooks.receiver import Receiver
-from media_hooks.reconciler import claim_due
+from media_hooks.devtools.receiver import Receiver
+from media_hooks.outbox.claims import claim_due
+from media_hooks.outbox.cohort import Cohort
 
 
 def claimed(conn: psycopg.Connection, run_id: str) -> set[str]:

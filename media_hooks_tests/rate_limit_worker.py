@@ -20,7 +20,7 @@ import time
 
 import psycopg
 
-from media_hooks import rate_limits
+from media_hooks.outbox import rate_limits
 
 
 def _emit(lock: threading.Lock, record: dict) -> None:

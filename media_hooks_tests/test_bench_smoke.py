@@ -185,7 +185,7 @@ def test_the_soak_publisher_flags_rate_and_in_flight_violations():
     from datetime import UTC, datetime
 
     from bench.soak_receiver import ChaosPublisher, Limits
-    from media_hooks.receiver import ReceivedRequest
+    from media_hooks.devtools.receiver import ReceivedRequest
 
     publisher = ChaosPublisher(0, Limits(10, 2, 2, 1.0), seed=1)  # allows 5 over the envelope
 

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from functools import cache
 
-from media_hooks.errors import RuntimeFailure, UserError, first_line
+from media_hooks.core.errors import RuntimeFailure, UserError, first_line
 
 _MODULE_SUFFIX = "_commands"
 

@@ -1,4 +1,4 @@
-"""``media-hooks check``: is anything inconsistent? (media_hooks.checks)
+"""``media-hooks check``: is anything inconsistent? (media_hooks.observe.checks)
 
 One line per invariant, ``holds`` or how many rows break it and up to five of their ids. Exit
 status 0 when every invariant holds, 1 when one does not (as for an environment failure: a
@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 
-from media_hooks import checks, db, numeric
 from media_hooks.cli.output import print_json, table
-from media_hooks.config import Settings
-from media_hooks.inspection import format_time
+from media_hooks.core import numeric
+from media_hooks.core.config import Settings
+from media_hooks.observe import checks
+from media_hooks.observe.inspection import format_time
+from media_hooks.store import db
 
 
 def register(commands: argparse._SubParsersAction) -> None:

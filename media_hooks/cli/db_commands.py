@@ -7,13 +7,14 @@ import argparse
 import os
 import sys
 
-from media_hooks import db, embedded, migrations, numeric
 from media_hooks.cli import psql
 from media_hooks.cli.output import fields, format_bytes, print_json, program
-from media_hooks.config import Settings
-from media_hooks.database_status import DatabaseStatus, describe
-from media_hooks.errors import RuntimeFailure, UserError
-from media_hooks.sqlfiles import query
+from media_hooks.core import numeric
+from media_hooks.core.config import Settings
+from media_hooks.core.errors import RuntimeFailure, UserError
+from media_hooks.store import db, embedded, migrations
+from media_hooks.store.database_status import DatabaseStatus, describe
+from media_hooks.store.sqlfiles import query
 
 STATUS_DESCRIPTION = """\
 Which PostgreSQL server media_hooks uses and how it is: for the embedded server (no

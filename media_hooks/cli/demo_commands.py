@@ -6,8 +6,8 @@ import argparse
 import sys
 
 from media_hooks.cli.output import fields, print_json, program, table
-from media_hooks.config import Settings
-from media_hooks.demo import DemoResult, run_demo
+from media_hooks.core.config import Settings
+from media_hooks.devtools.demo import DemoResult, run_demo
 
 COLUMNS = (
     ("destination_id", "destination"),

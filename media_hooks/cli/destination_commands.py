@@ -7,11 +7,12 @@ import sys
 from datetime import UTC
 from typing import Any
 
-from media_hooks import db, destinations
 from media_hooks.cli.output import print_json, table
-from media_hooks.config import Settings
-from media_hooks.secret_store import ENV as SECRET_KEY_ENV
-from media_hooks.secret_store import SecretBox
+from media_hooks.core.config import Settings
+from media_hooks.outbox import destinations
+from media_hooks.store import db
+from media_hooks.store.secret_store import ENV as SECRET_KEY_ENV
+from media_hooks.store.secret_store import SecretBox
 
 ADD_DESCRIPTION = """\
 Creates a destination, or updates the one with this ID. --url is always set. Every other option

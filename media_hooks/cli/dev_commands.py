@@ -14,10 +14,12 @@ from collections.abc import Callable
 import psutil
 import requests
 
-from media_hooks import db, numeric, ssrf
-from media_hooks.config import Settings
-from media_hooks.errors import RuntimeFailure, UserError, first_line
-from media_hooks.secret_store import SecretBox
+from media_hooks.core import numeric
+from media_hooks.core.config import Settings
+from media_hooks.core.errors import RuntimeFailure, UserError, first_line
+from media_hooks.http import ssrf
+from media_hooks.store import db
+from media_hooks.store.secret_store import SecretBox
 
 STARTUP_SECONDS = 180.0
 # How long runs canceled at Ctrl-C may take to hand back what they hold.

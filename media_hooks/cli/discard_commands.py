@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import getpass
 
-from media_hooks import db
 from media_hooks.cli.output import print_json
-from media_hooks.discard import discard
-from media_hooks.errors import UserError
-from media_hooks.identifiers import validate_identifier
+from media_hooks.core.errors import UserError
+from media_hooks.core.identifiers import validate_identifier
+from media_hooks.outbox.maintenance.discard import discard
+from media_hooks.store import db
 
 DESCRIPTION = """\
 Closes dead deliveries unsent: each stays dead, recorded as discarded (who and why), and is no

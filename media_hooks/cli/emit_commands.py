@@ -9,9 +9,10 @@ from collections.abc import Iterator
 
 import psycopg
 
-from media_hooks import db, emit
 from media_hooks.cli.output import print_json
-from media_hooks.errors import RuntimeFailure, UserError, first_line
+from media_hooks.core.errors import RuntimeFailure, UserError, first_line
+from media_hooks.outbox import emit
+from media_hooks.store import db
 
 DESCRIPTION = """\
 Records one pending delivery (--destination, --asset-id, --event-type, --payload); or one event

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from media_hooks import db
 from media_hooks.cli.output import print_json, table
-from media_hooks.config import Settings
-from media_hooks.errors import UserError
-from media_hooks.identifiers import validate_identifier
-from media_hooks.inspection import (
+from media_hooks.core.config import Settings
+from media_hooks.core.errors import UserError
+from media_hooks.core.identifiers import validate_identifier
+from media_hooks.observe.inspection import (
     EventStory,
     Story,
     find_event,
@@ -17,6 +16,7 @@ from media_hooks.inspection import (
     inspect_delivery,
     inspect_event,
 )
+from media_hooks.store import db
 
 
 def register(commands: argparse._SubParsersAction) -> None:

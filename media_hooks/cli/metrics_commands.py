@@ -9,10 +9,11 @@ from functools import partial
 
 from prometheus_client import start_http_server
 
-from media_hooks import db, numeric
-from media_hooks.config import Settings
-from media_hooks.errors import RuntimeFailure
-from media_hooks.metrics import registry_for
+from media_hooks.core import numeric
+from media_hooks.core.config import Settings
+from media_hooks.core.errors import RuntimeFailure
+from media_hooks.observe.metrics import registry_for
+from media_hooks.store import db
 
 
 def register(commands: argparse._SubParsersAction) -> None:

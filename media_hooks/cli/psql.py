@@ -15,8 +15,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from media_hooks import embedded
-from media_hooks.errors import RuntimeFailure
+from media_hooks.core.errors import RuntimeFailure
+from media_hooks.store import embedded
 
 _VERSION = re.compile(r"\(PostgreSQL\)\s+(\d+)")
 

@@ -6,9 +6,9 @@ import argparse
 import signal
 import threading
 
-from media_hooks import numeric
-from media_hooks.errors import RuntimeFailure, UserError
-from media_hooks.receiver import ReceivedRequest, Receiver, random_faults
+from media_hooks.core import numeric
+from media_hooks.core.errors import RuntimeFailure, UserError
+from media_hooks.devtools.receiver import ReceivedRequest, Receiver, random_faults
 
 
 def register(commands: argparse._SubParsersAction) -> None:

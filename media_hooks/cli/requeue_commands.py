@@ -6,13 +6,13 @@ import argparse
 import getpass
 from datetime import UTC, datetime
 
-from media_hooks import db
 from media_hooks.cli.output import print_json, table
-from media_hooks.cohort import Cohort
-from media_hooks.config import Settings
-from media_hooks.errors import UserError
-from media_hooks.identifiers import validate_identifier
-from media_hooks.requeue import RequeueResult, requeue
+from media_hooks.core.config import Settings
+from media_hooks.core.errors import UserError
+from media_hooks.core.identifiers import validate_identifier
+from media_hooks.outbox.cohort import Cohort
+from media_hooks.outbox.maintenance.requeue import RequeueResult, requeue
+from media_hooks.store import db
 
 
 def register(commands: argparse._SubParsersAction) -> None:

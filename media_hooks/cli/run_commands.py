@@ -6,11 +6,13 @@ import argparse
 import os
 import time
 
-from media_hooks import db, figures, numeric
 from media_hooks.cli.output import print_json, table
-from media_hooks.config import Settings
-from media_hooks.errors import RuntimeFailure, first_line
-from media_hooks.secret_store import SecretBox
+from media_hooks.core import numeric
+from media_hooks.core.config import Settings
+from media_hooks.core.errors import RuntimeFailure, first_line
+from media_hooks.observe import figures
+from media_hooks.store import db
+from media_hooks.store.secret_store import SecretBox
 
 SUMMARY_COLUMNS = ("claimed", "succeeded", "retried", "dead", "ambiguous")
 # One claim is one transaction: a page stays small however large the backlog (invariant 7).

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from media_hooks import db, destinations
 from media_hooks.cli.output import print_json, table
-from media_hooks.secret_store import ENV, SecretBox, generate_key
+from media_hooks.outbox import destinations
+from media_hooks.store import db
+from media_hooks.store.secret_store import ENV, SecretBox, generate_key
 
 DESCRIPTION = f"""\
 Signing secrets are stored encrypted when {ENV} holds a key (Fernet; several keys

@@ -1,13 +1,14 @@
-"""``media-hooks status``: the operator's dashboard in a terminal (media_hooks.figures)."""
+"""``media-hooks status``: the operator's dashboard in a terminal (media_hooks.observe.figures)."""
 
 from __future__ import annotations
 
 import argparse
 
-from media_hooks import db, figures
 from media_hooks.cli.output import print_json, table
-from media_hooks.config import Settings
-from media_hooks.inspection import format_age, format_time
+from media_hooks.core.config import Settings
+from media_hooks.observe import figures
+from media_hooks.observe.inspection import format_age, format_time
+from media_hooks.store import db
 
 
 def register(commands: argparse._SubParsersAction) -> None:

@@ -37,12 +37,12 @@ from pathlib import Path
 import psutil
 from dagster import DagsterInstance
 
-from media_hooks import db
-from media_hooks.config import Settings
+from media_hooks.core.config import Settings
 from media_hooks.orchestration import recovery, run_workers
 from media_hooks.orchestration.instance import keep_storage_connections, open_instance
 from media_hooks.orchestration.jobs import deliver_webhooks
 from media_hooks.orchestration.running import DeliveryRun, execute_delivery
+from media_hooks.store import db
 
 # How long a failed run's release waits for an unreachable database to come back.
 SETTLE_PATIENCE_SECONDS = 30.0

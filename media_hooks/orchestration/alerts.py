@@ -15,8 +15,8 @@ from datetime import datetime
 
 import requests
 
-from media_hooks.figures import Figures
-from media_hooks.numeric import COUNT, SECONDS_UP_TO_30_DAYS, from_env
+from media_hooks.core.numeric import COUNT, SECONDS_UP_TO_30_DAYS, from_env
+from media_hooks.observe.figures import Figures
 
 log = logging.getLogger("media_hooks.alerts")
 

@@ -7,8 +7,8 @@ from datetime import datetime
 from dagster import Config
 from pydantic import Field
 
-from media_hooks.cohort import Cohort
-from media_hooks.errors import UserError
+from media_hooks.core.errors import UserError
+from media_hooks.outbox.cohort import Cohort
 
 
 class CohortConfig(Config):

@@ -17,10 +17,10 @@ from urllib.parse import quote, urlencode
 from dagster import DagsterInstance
 from psycopg import conninfo
 
-from media_hooks import db, embedded
-from media_hooks.config import Settings
-from media_hooks.db import redact
-from media_hooks.errors import RuntimeFailure
+from media_hooks.core.config import Settings
+from media_hooks.core.errors import RuntimeFailure
+from media_hooks.store import db, embedded
+from media_hooks.store.db import redact
 
 # Shipped inside the package (the repository's top-level files link here), so an installed
 # wheel finds them too.

@@ -6,7 +6,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from media_hooks.cohort import Cohort
+from media_hooks.outbox.cohort import Cohort
 
 TAG_PREFIX = "media_hooks/"
 # Dagster caps tag values in strict mode; a long cohort is summarised, never rejected.

@@ -26,9 +26,10 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
 
-from media_hooks import reconciler, sweeps
 from media_hooks.orchestration import run_workers
-from media_hooks.sqlfiles import query
+from media_hooks.outbox import claims
+from media_hooks.outbox.maintenance import sweeps
+from media_hooks.store.sqlfiles import query
 
 RELEASED_TAG = "media_hooks/released"
 UNSUCCESSFUL = [DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
@@ -94,7 +95,7 @@ def release(
     with _one_at_a_time(conn, wait=True):
         slots = free_pool_slots(instance, run.run_id)
         released = sweeps.release_run(conn, run.run_id)
-        if reconciler.run_dispatched(conn, run.run_id):
+        if claims.run_dispatched(conn, run.run_id):
             current = instance.get_run_by_id(run.run_id) or run
             before = int(current.tags.get(RELEASED_TAG, "0"))
             instance.add_run_tags(run.run_id, {RELEASED_TAG: str(before + released)})

@@ -12,7 +12,7 @@ from dagster import (
     schedule,
 )
 
-from media_hooks.errors import UserError
+from media_hooks.core.errors import UserError
 
 TIMEZONE_VARIABLE = "MEDIA_HOOKS_SCHEDULE_TIMEZONE"
 

@@ -21,10 +21,11 @@ from dagster import (
     sensor,
 )
 
-from media_hooks import figures, sweeps
-from media_hooks.figures import Figures
+from media_hooks.observe import figures
+from media_hooks.observe.figures import Figures
 from media_hooks.orchestration import alerts, recovery
 from media_hooks.orchestration.resources import DeliverySettingsResource, PostgresResource
+from media_hooks.outbox.maintenance import sweeps
 
 IN_FLIGHT = [
     DagsterRunStatus.QUEUED,

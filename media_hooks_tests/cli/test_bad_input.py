@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from media_hooks.cli import main
-from media_hooks.db import with_database
+from media_hooks.store.db import with_database
 from media_hooks_tests.conftest import create_database, drop_database
 from media_hooks_tests.factories import add_deliveries, add_destination
 from media_hooks_tests.fingerprints import content_fingerprint

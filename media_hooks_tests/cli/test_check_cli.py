@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from media_hooks import checks
+from media_hooks.observe import checks
 from media_hooks_tests.conftest import run_cli
 from media_hooks_tests.factories import add_deliveries, add_destination
 

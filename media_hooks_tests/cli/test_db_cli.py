@@ -18,8 +18,8 @@ import psycopg
 import pytest
 from psycopg import conninfo
 
-from media_hooks import embedded
-from media_hooks.sqlfiles import migrations as migration_files
+from media_hooks.store import embedded
+from media_hooks.store.sqlfiles import migrations as migration_files
 from media_hooks_tests.conftest import REPO, run_cli
 
 PASSWORD = "s3cret-pw"
@@ -243,7 +243,7 @@ def test_shell_says_clearly_when_there_is_no_psql(cli_env, tmp_path):
         """
         import sys
         from pathlib import Path
-        from media_hooks import embedded
+        from media_hooks.store import embedded
         from media_hooks.cli import main
         embedded.bundled_psql = lambda: Path("/nonexistent/psql")
         sys.exit(main(["db", "shell"]))

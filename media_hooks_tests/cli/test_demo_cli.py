@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from psycopg import conninfo
 
-from media_hooks import demo
+from media_hooks.devtools import demo
 from media_hooks_tests.conftest import drop_database, run_cli
 from media_hooks_tests.factories import add_deliveries, add_destination
 

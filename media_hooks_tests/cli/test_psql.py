@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from media_hooks.cli.psql import choose
-from media_hooks.errors import RuntimeFailure
+from media_hooks.core.errors import RuntimeFailure
 from media_hooks_tests.cli.test_db_cli import _fake_psql
 
 

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from media_hooks.outcomes import REJECTED, SUCCESS
-from media_hooks.sender import Sender
+from media_hooks.http.outcomes import REJECTED, SUCCESS
+from media_hooks.http.sender import Sender
 from media_hooks_tests.conftest import REPO, run_cli
 
 SECRET = "whsec_" + base64.b64encode(os.urandom(32)).decode()

@@ -7,7 +7,7 @@ from datetime import datetime
 
 import pytest
 
-from media_hooks import figures
+from media_hooks.observe import figures
 from media_hooks_tests.conftest import run_cli
 from media_hooks_tests.operator_data import prepare
 

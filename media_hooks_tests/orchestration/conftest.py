@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance
 
+from media_hooks.devtools.receiver import Receiver, Reply
 from media_hooks.orchestration import instance as instance_module
 from media_hooks.orchestration.instance import STORAGE_VARIABLE
 from media_hooks.orchestration.ops.delivery import DELIVERY_POOL
 from media_hooks.orchestration.running import DeliveryRun, execute_delivery
-from media_hooks.receiver import Receiver, Reply
 from media_hooks_tests.conftest import create_database, drop_database, with_database
 
 # The multiprocess executor, for tests whose steps must die alone (a crash point kills its process).

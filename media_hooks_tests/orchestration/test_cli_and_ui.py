@@ -15,7 +15,7 @@ import pytest
 import requests
 import yaml
 
-from media_hooks.receiver import Receiver, Reply
+from media_hooks.devtools.receiver import Receiver, Reply
 from media_hooks_tests.conftest import run_cli, start_cli
 from media_hooks_tests.factories import add_deliveries, add_destination, states
 

@@ -7,9 +7,9 @@ import sys
 
 from dagster import DefaultScheduleStatus, DefaultSensorStatus, Definitions
 
-from media_hooks.cohort import Cohort
 from media_hooks.orchestration.definitions import defs, deliver_webhooks_job
 from media_hooks.orchestration.ops.delivery import Prepared, Shard, shard_caps
+from media_hooks.outbox.cohort import Cohort
 from media_hooks_tests.conftest import REPO
 
 

@@ -8,10 +8,11 @@ import os
 import pytest
 from dagster import DagsterEventType, ReexecutionOptions, execute_job, reconstructable
 
-from media_hooks import crashpoints, sweeps
+from media_hooks.core import crashpoints
+from media_hooks.devtools.receiver import Receiver, Reply
 from media_hooks.orchestration.definitions import deliver_webhooks_job
 from media_hooks.orchestration.running import delivery_run_config
-from media_hooks.receiver import Receiver, Reply
+from media_hooks.outbox.maintenance import sweeps
 from media_hooks_tests.factories import add_deliveries, add_destination
 from media_hooks_tests.orchestration.conftest import SPAWN, deliver
 

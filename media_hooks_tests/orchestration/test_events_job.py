@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from media_hooks.emit import FanOutEvent, emit_event
+from media_hooks.outbox.emit import FanOutEvent, emit_event
 from media_hooks_tests.factories import add_destination
 from media_hooks_tests.orchestration.conftest import deliver
 

@@ -17,10 +17,10 @@ import time
 import pytest
 from dagster import DagsterEventType, DagsterRunStatus, RunsFilter
 
+from media_hooks.devtools.receiver import Receiver, Reply
 from media_hooks.orchestration import instance as instance_module
 from media_hooks.orchestration.ops.delivery import DELIVERY_POOL
 from media_hooks.orchestration.recovery import RELEASED_TAG
-from media_hooks.receiver import Receiver, Reply
 from media_hooks_tests.conftest import run_cli, start_cli
 from media_hooks_tests.factories import add_deliveries, add_destination, states
 from media_hooks_tests.orchestration.conftest import hold_pool_slot, slot_holders

@@ -1,4 +1,4 @@
--- `media-hooks check` (media_hooks.checks): the DESIGN.md invariants that can be seen in the
+-- `media-hooks check` (media_hooks.observe.checks): the DESIGN.md invariants that can be seen in the
 -- tables, each one read-only statement returning how many rows break it and up to five of their
 -- ids. They run together in one READ ONLY REPEATABLE READ transaction, so every count is of the
 -- same snapshot and now() is one instant for all of them.
@@ -194,7 +194,7 @@ FROM bad;
 -- name: check_permits_past_hold
 -- description: in-flight permits held until later than one hold from now: no grant holds a slot
 --   longer than the hold (the lease, stretched for a slow destination to its worst-case send,
---   3 x its timeout: media_hooks.delivery.lease_seconds_for), so such a slot would never come
+--   3 x its timeout: media_hooks.engine.delivery.lease_seconds_for), so such a slot would never come
 --   back by expiry (destination_limiter: one row per destination).
 WITH bad AS (
     SELECT l.destination_id || '#' || held.slot AS id

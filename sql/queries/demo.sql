@@ -1,4 +1,4 @@
--- `media-hooks demo` (media_hooks.demo): its own data only. Every statement is limited to the
+-- `media-hooks demo` (media_hooks.devtools.demo): its own data only. Every statement is limited to the
 -- destinations whose id starts with the demo's prefix; nothing else is read or touched.
 
 -- name: demo_reset

@@ -1,4 +1,4 @@
--- Destinations (media_hooks.destinations): where deliveries go, with their limits and retry
+-- Destinations (media_hooks.outbox.destinations): where deliveries go, with their limits and retry
 -- policy. None of these statements moves a delivery; enabling and disabling only decide whether
 -- a destination's pending deliveries may go out.
 

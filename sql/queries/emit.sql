@@ -1,4 +1,4 @@
--- Emit (media_hooks.emit): the producer records deliveries, one or a file at a time. A delivery
+-- Emit (media_hooks.outbox.emit): the producer records deliveries, one or a file at a time. A delivery
 -- is born pending and due now, with its request body serialized once. A delivery_id that is
 -- already recorded is left exactly as it is.
 --
@@ -197,7 +197,7 @@ LIMIT 1;
 -- identity row, so an interleaving that slips past the look-up (a purge committing a tombstone
 -- this statement's snapshot predates, the delivery's row deleted under the insert's wait) ends
 -- in a unique violation on delivery_identity_pkey, never in a second delivery:
--- media_hooks.emit then runs the statement again, and its new snapshot sees the tombstone.
+-- media_hooks.outbox.emit then runs the statement again, and its new snapshot sees the tombstone.
 -- (Unlike emit_one, which inserts the identity first, this keeps the bulk path's cost per row
 -- close to what it was before identities: one look-up into the tombstones, one insert.)
 -- invariant 2: payload and body are written once here and never updated.

@@ -1,4 +1,4 @@
--- The operator's figures (media_hooks.figures): what `status`, `metrics` and the lag sensor
+-- The operator's figures (media_hooks.observe.figures): what `status`, `metrics` and the lag sensor
 -- read. Each statement is a bounded number of index scans over the partial indexes of 0001;
 -- none moves state. The measuring instant is the parameter now (NULL means the server clock).
 

@@ -1,4 +1,4 @@
--- A delivery's story (media_hooks.inspection): `media-hooks inspect`. Each statement reads one
+-- A delivery's story (media_hooks.observe.inspection): `media-hooks inspect`. Each statement reads one
 -- delivery by its primary key or the delivery_id indexes of the tables it touches; none moves
 -- state.
 

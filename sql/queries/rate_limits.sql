@@ -44,5 +44,5 @@ SELECT held.slot_no::integer AS slot_no,
 
 -- name: database_clock
 -- description: the database's clock now, for a worker that sends starts at moments on it
--- (media_hooks.rate_limits.DatabaseClock); reads nothing else.
+-- (media_hooks.outbox.rate_limits.DatabaseClock); reads nothing else.
 SELECT clock_timestamp() AS now

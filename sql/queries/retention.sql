@@ -1,4 +1,4 @@
--- Retention (media_hooks.retention): bounded batches, each its own short transaction.
+-- Retention (media_hooks.outbox.maintenance.retention): bounded batches, each its own short transaction.
 
 -- name: purge_terminal_batch
 -- description: tombstones then deletes one batch of terminal deliveries older than the cutoff,

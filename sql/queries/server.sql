@@ -1,4 +1,4 @@
--- `media-hooks db status` (media_hooks.database_status): facts about the server and the
+-- `media-hooks db status` (media_hooks.store.database_status): facts about the server and the
 -- database, read from the catalogs. Nothing is written and no state moves.
 
 -- name: server_facts

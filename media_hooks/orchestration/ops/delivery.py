@@ -22,14 +22,13 @@ from dagster import (
     op,
 )
 
-from media_hooks import db, figures, reconciler, requeue, sweeps
-from media_hooks.cohort import Cohort
-from media_hooks.delivery import (
+from media_hooks.engine.delivery import (
     DeliveryCounts,
     OutcomesNotRecorded,
     deliver_destinations,
     tally,
 )
+from media_hooks.observe import figures
 from media_hooks.orchestration import recovery
 from media_hooks.orchestration.config import DeliverConfig
 from media_hooks.orchestration.metadata import (
@@ -39,6 +38,10 @@ from media_hooks.orchestration.metadata import (
     rows_of_run,
 )
 from media_hooks.orchestration.resources import DeliverySettingsResource, PostgresResource
+from media_hooks.outbox import claims
+from media_hooks.outbox.cohort import Cohort
+from media_hooks.outbox.maintenance import requeue, sweeps
+from media_hooks.store import db
 
 # The op pool (dagster.yaml, concurrency > pools) caps delivery steps across all runs.
 DELIVERY_POOL = "media_hooks_delivery"
@@ -142,7 +145,7 @@ def prepare(
         recovered = _recover_dead_runs(context, conn, settings)
         swept = sweeps.run_sweeps(conn, settings)
         requeued = _requeue_dead(context, conn, config) if config.include_dead else 0
-        due = reconciler.due_destinations(conn, cohort)
+        due = claims.due_destinations(conn, cohort)
     prepared = Prepared(
         cohort=cohort,
         page_size=config.page_size or delivery_settings.default_page_size,
@@ -205,7 +208,7 @@ def _deliver_shard(context: OpExecutionContext, shard: Shard, postgres, settings
     stops every destination, which hands back what it holds before the step ends."""
     prepared = shard.prepared
     with postgres.connection(db.Role.RECONCILER) as conn:
-        due = [d for d in reconciler.due_destinations(conn, prepared.cohort) if shard.serves(d)]
+        due = [d for d in claims.due_destinations(conn, prepared.cohort) if shard.serves(d)]
     started = time.monotonic()
     result = ShardResult(mapping_key=shard.mapping_key)
     if not due:

@@ -2,10 +2,10 @@
 
 from dagster import MetadataValue, OpExecutionContext, Output, op
 
-from media_hooks import discard, requeue, retention
 from media_hooks.orchestration.config import DiscardConfig, RequeueConfig, RetentionConfig
 from media_hooks.orchestration.metadata import cohort_tags, markdown_table
 from media_hooks.orchestration.resources import PostgresResource
+from media_hooks.outbox.maintenance import discard, requeue, retention
 
 DAY = 86400.0
 

@@ -7,7 +7,7 @@ import dataclasses
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from media_hooks.config import Settings
+from media_hooks.core.config import Settings
 
 
 class DeliverySettingsResource(ConfigurableResource):

@@ -10,8 +10,8 @@ from dagster import ConfigurableResource, InitResourceContext
 from psycopg_pool import ConnectionPool
 from pydantic import Field, PrivateAttr
 
-from media_hooks import db
-from media_hooks.config import Settings
+from media_hooks.core.config import Settings
+from media_hooks.store import db
 
 
 class PostgresResource(ConfigurableResource):
@@ -34,7 +34,7 @@ class PostgresResource(ConfigurableResource):
         return db.ready_url(Settings.from_env())
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
-        # Every connection has bounded timeouts for its role from the start (media_hooks.db).
+        # Every connection has bounded timeouts for its role from the start (media_hooks.store.db).
         self._pool = db.open_pool(self.url(), max_size=self.max_connections)
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
@@ -51,7 +51,7 @@ class PostgresResource(ConfigurableResource):
     @contextmanager
     def connection(self, role: db.Role = db.Role.OPERATOR) -> Iterator[psycopg.Connection]:
         """A pooled connection in autocommit mode, as the engine's functions expect, with the
-        timeouts of ``role`` (media_hooks.db)."""
+        timeouts of ``role`` (media_hooks.store.db)."""
         with db.borrow(self.pool, role) as conn:
             try:
                 yield conn

@@ -1,0 +1,201 @@
+"""The operator's figures: is anything late, waiting by policy, or lost?
+
+One ``measure`` reads everything ``status``, ``metrics`` and the Dagster lag sensor show, in
+four statements over the partial indexes of the schema (``sql/queries/figures.sql``), so a
+scrape or a sensor tick costs the same on ten rows or ten million. No Dagster here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from media_hooks.outbox.cohort import Cohort
+from media_hooks.store.sqlfiles import query
+
+STATES = ("pending", "enqueued", "leased", "succeeded", "dead")
+# Dead deliveries closed unsent count under their reason, not as dead (issue 14).
+CLOSED = ("superseded", "discarded")
+COUNTED = STATES + CLOSED
+GROUPINGS = {"destination": "figures_counts_by_state", "event-type": "figures_counts_by_event_type"}
+DEAD_HEADS_SHOWN = 20
+
+
+@dataclass(frozen=True)
+class DeadHead:
+    """A dead delivery holding the later deliveries of its asset on an ordered destination."""
+
+    delivery_id: str
+    destination_id: str
+    asset_id: str
+    holding: int
+
+
+@dataclass(frozen=True)
+class DestinationFlag:
+    """A destination that is not sending: paused by a Retry-After, or disabled."""
+
+    destination_id: str
+    enabled: bool
+    paused_until: datetime | None
+    paused_reason: str | None
+    disabled_reason: str | None
+    disabled_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Figures:
+    measured_at: datetime
+    # destination_id (or event type, counts_by) -> state -> count (only states that have rows);
+    # a dead delivery closed unsent counts under superseded or discarded.
+    counts: dict[str, dict[str, int]]
+    # Due now and sendable (destination enabled, not paused); None when nothing is.
+    oldest_due_age_seconds: float | None
+    oldest_due_at: datetime | None
+    # Due now, whatever its destination's condition.
+    oldest_due_any_age_seconds: float | None
+    relay_lag_seconds: float | None
+    oldest_enqueued_age_seconds: float | None
+    expired_leases: int
+    dead_letters: int
+    newest_dead_at: datetime | None
+    paused: tuple[DestinationFlag, ...] = ()
+    disabled: tuple[DestinationFlag, ...] = ()
+    attempts_last_hour: dict[str, int] = field(default_factory=dict)
+    attempts_last_day: dict[str, int] = field(default_factory=dict)
+    dead_heads: tuple[DeadHead, ...] = ()
+    counts_by: str = "destination"
+
+    @property
+    def totals(self) -> dict[str, int]:
+        """Deliveries per state over every destination (every state present, zeros included)."""
+        totals = dict.fromkeys(COUNTED, 0)
+        for by_state in self.counts.values():
+            for state, n in by_state.items():
+                totals[state] = totals.get(state, 0) + n
+        return totals
+
+    @property
+    def due_work(self) -> bool:
+        return self.oldest_due_age_seconds is not None
+
+    def work_waiting(self, enqueue_timeout_seconds: float) -> list[str]:
+        """What a delivery run would do now, in words: sendable due deliveries, and the rows its
+        sweeps would make due again (expired leases, enqueues older than the timeout). Empty
+        when a run would find nothing to do."""
+        work = []
+        if self.due_work:
+            work.append(f"deliveries due (oldest {_age(self.oldest_due_age_seconds)})")
+        if self.expired_leases:
+            work.append(f"{self.expired_leases} expired lease(s)")
+        enqueued = self.oldest_enqueued_age_seconds
+        if enqueued is not None and enqueued >= enqueue_timeout_seconds:
+            work.append(f"stale enqueues (oldest {_age(enqueued)})")
+        return work
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready document; ages in seconds, times as ISO 8601."""
+        document = asdict(self)
+        document["totals"] = self.totals
+        return _iso_times(document)
+
+    def headline(self) -> str:
+        """One line naming the figures an operator checks first."""
+        totals = self.totals
+        return (
+            f"pending {totals['pending']}, enqueued {totals['enqueued']}, "
+            f"leased {totals['leased']}, dead {self.dead_letters}; "
+            f"oldest due {_age(self.oldest_due_age_seconds)}, "
+            f"relay lag {_age(self.relay_lag_seconds)}, "
+            f"expired leases {self.expired_leases}, "
+            f"paused {len(self.paused)}, disabled {len(self.disabled)}"
+        )
+
+
+def _age(seconds: float | None) -> str:
+    return "none" if seconds is None else f"{seconds:.0f}s"
+
+
+def _iso_times(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {k: _iso_times(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_iso_times(v) for v in value]
+    return value
+
+
+def _seconds_since(measured_at: datetime, then: datetime | None) -> float | None:
+    if then is None:
+        return None
+    return max(0.0, (measured_at - then).total_seconds())
+
+
+def _counts(conn: psycopg.Connection, by: str) -> dict[str, dict[str, int]]:
+    counts: dict[str, dict[str, int]] = {}
+    for row in conn.execute(query(GROUPINGS[by])):
+        counts.setdefault(row["key"], {})[row["state"]] = row["n"]
+    if by == "destination":
+        for row in conn.execute(query("figures_closed_counts")):
+            by_state = counts[row["key"]]
+            by_state[row["state"]] = row["n"]
+            by_state["dead"] -= row["n"]
+            if not by_state["dead"]:
+                del by_state["dead"]
+    return counts
+
+
+def _flags(conn: psycopg.Connection, now: datetime | None, measured_at: datetime):
+    rows = conn.execute(query("figures_destination_flags"), {"now": now}).fetchall()
+    flags = [DestinationFlag(**row) for row in rows]
+    paused = tuple(f for f in flags if f.paused_until is not None and f.paused_until > measured_at)
+    disabled = tuple(f for f in flags if not f.enabled)
+    return paused, disabled
+
+
+def _attempts(conn: psycopg.Connection, now: datetime | None):
+    rows = conn.execute(query("figures_attempts_by_outcome"), {"now": now}).fetchall()
+    hour = {row["outcome"]: row["last_hour"] for row in rows if row["last_hour"]}
+    day = {row["outcome"]: row["last_day"] for row in rows}
+    return hour, day
+
+
+def measure(
+    conn: psycopg.Connection, *, now: datetime | None = None, by: str = "destination"
+) -> Figures:
+    """Every figure at one instant (``now``, or the database server's clock); counts grouped
+    ``by`` destination or event-type."""
+    scalars = conn.execute(query("figures_scalars"), {"now": now}).fetchone()
+    at = scalars["measured_at"]
+    paused, disabled = _flags(conn, now, at)
+    hour, day = _attempts(conn, now)
+    return Figures(
+        measured_at=at,
+        counts=_counts(conn, by),
+        oldest_due_age_seconds=_seconds_since(at, scalars["oldest_due_at"]),
+        oldest_due_at=scalars["oldest_due_at"],
+        oldest_due_any_age_seconds=_seconds_since(at, scalars["oldest_due_any_at"]),
+        relay_lag_seconds=_seconds_since(at, scalars["oldest_unpublished_at"]),
+        oldest_enqueued_age_seconds=_seconds_since(at, scalars["oldest_enqueued_at"]),
+        expired_leases=scalars["expired_leases"],
+        dead_letters=scalars["dead_letters"],
+        newest_dead_at=scalars["newest_dead_at"],
+        paused=paused,
+        disabled=disabled,
+        attempts_last_hour=hour,
+        attempts_last_day=day,
+        dead_heads=tuple(
+            DeadHead(**row)
+            for row in conn.execute(query("figures_dead_heads"), {"limit": DEAD_HEADS_SHOWN})
+        ),
+        counts_by=by,
+    )
+
+
+def cohort_due(conn: psycopg.Connection, cohort: Cohort) -> bool:
+    """Whether a delivery run for ``cohort`` would claim anything now."""
+    return bool(conn.execute(query("figures_cohort_due"), cohort.params()).fetchone()["due"])

@@ -1,0 +1,224 @@
+"""The worker's side of the state machine: publish, lease, record, defer — all set-based.
+
+Every function takes a connection in autocommit mode and runs one statement: no transaction
+is ever held across an HTTP request (invariant 7).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from media_hooks.outbox import rate_limits
+from media_hooks.store.sqlfiles import query
+
+
+@dataclass(frozen=True)
+class Message:
+    message_id: str
+    delivery_id: str
+
+
+@dataclass(frozen=True)
+class Lease:
+    delivery_id: str
+    message_id: str
+    lease_token: uuid.UUID
+    attempt_no: int
+    # Attempts of the current retry budget, this one included: the backoff exponent.
+    budget_used: int
+    body: bytes
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one leased attempt came to, and when the delivery should be tried next.
+
+    ``finished_monotonic`` is when the attempt ended on this process's monotonic clock: the
+    stored finish time is the database clock less how long ago that was. ``spare``: the attempt
+    does not count (a configuration fault, nothing sent): its retry budget is given back and the
+    delivery stays pending whatever its budget and age.
+    """
+
+    lease: Lease
+    outcome: str
+    http_status: int | None
+    error: str | None
+    response_excerpt: str | None
+    delay_seconds: float
+    delay_reason: str | None
+    finished_monotonic: float
+    spare: bool = False
+
+
+@dataclass(frozen=True)
+class LeaseStep:
+    """What one lease-with-permits round trip did.
+
+    ``grant.slots`` holds one slot per lease, in the order of ``leases``; ``examined`` counts
+    the offered messages used up, leased or found no longer theirs to send (their permits were
+    refunded in the same statement); the first ``examined`` offered messages are done with.
+    """
+
+    grant: rate_limits.Grant
+    examined: int
+    leases: list[Lease]
+
+
+def publish_page(
+    conn: psycopg.Connection,
+    *,
+    run_id: str,
+    destination_id: str,
+    after_message_id: str,
+    last_message_id: str,
+    page_size: int,
+) -> list[Message]:
+    rows = conn.execute(
+        query("publish_page"),
+        {
+            "run_id": run_id,
+            "destination_id": destination_id,
+            "after_message_id": after_message_id,
+            "last_message_id": last_message_id,
+            "page_size": page_size,
+        },
+    ).fetchall()
+    return sorted(
+        (Message(r["message_id"], r["delivery_id"]) for r in rows), key=lambda m: m.message_id
+    )
+
+
+def publish_messages(conn: psycopg.Connection, messages: list[Message]) -> None:
+    """Mark messages a worker claimed itself as handed to its sender."""
+    if messages:
+        conn.execute(query("publish_messages"), {"message_ids": [m.message_id for m in messages]})
+
+
+def lease(
+    conn: psycopg.Connection, run_id: str, messages: list[Message], lease_seconds: float
+) -> list[Lease]:
+    """Lease the deliveries of ``messages`` that are still theirs to send; skips the rest."""
+    if not messages:
+        return []
+    rows = conn.execute(
+        query("lease_deliveries"),
+        {
+            "run_id": run_id,
+            "lease_seconds": lease_seconds,
+            "delivery_ids": [m.delivery_id for m in messages],
+            "message_ids": [m.message_id for m in messages],
+        },
+    ).fetchall()
+    return [_lease(r) for r in rows]
+
+
+def _lease(row: dict) -> Lease:
+    return Lease(
+        row["delivery_id"],
+        row["message_id"],
+        row["lease_token"],
+        row["attempt_no"],
+        row["budget_used"],
+        bytes(row["body"]),
+    )
+
+
+def lease_with_permits(
+    conn: psycopg.Connection,
+    run_id: str,
+    destination_id: str,
+    offered: list[Message],
+    *,
+    holder: str,
+    lease_seconds: float,
+    release_slots: list[int],
+) -> LeaseStep:
+    """One round trip: return ``release_slots``, take up to ``len(offered)`` permits, lease
+    that many of ``offered`` (the first ones), and refund the permits of those no longer
+    theirs to send (a stale dispatch spends no start token). A start may be granted up to
+    ``rate_limits.AHEAD_SECONDS`` ahead: ``grant.start_at`` says when each lease may be sent."""
+    rows = conn.execute(
+        query("lease_with_permits"),
+        {
+            "destination_id": destination_id,
+            "holder": holder,
+            "hold_seconds": lease_seconds,
+            "slot_poll_seconds": rate_limits.SLOT_POLL_SECONDS,
+            "disabled_poll_seconds": rate_limits.DISABLED_POLL_SECONDS,
+            "ahead_seconds": rate_limits.AHEAD_SECONDS,
+            "release_slots": release_slots,
+            "run_id": run_id,
+            "delivery_ids": [m.delivery_id for m in offered],
+            "message_ids": [m.message_id for m in offered],
+        },
+    ).fetchall()
+    first = rows[0]
+    leased = [r for r in rows if r["delivery_id"] is not None]
+    grant = rate_limits.Grant(
+        slots=[r["slot"] for r in leased],
+        start_at=[r["start_at"] for r in leased],
+        retry_in=float(first["retry_in"]),
+        reason=first["reason"],
+        granted_at=first["granted_at"],
+        answered_at=first["answered_at"],
+    )
+    return LeaseStep(grant, first["examined"], [_lease(r) for r in leased])
+
+
+def record(conn: psycopg.Connection, outcomes: list[Outcome]) -> dict[str, str]:
+    """Record outcomes; returns {delivery_id: new state} for the ones whose lease still held."""
+    if not outcomes:
+        return {}
+    rows = conn.execute(
+        query("record_outcomes"), {"outcomes": outcomes_document(outcomes)}
+    ).fetchall()
+    return {row["delivery_id"]: row["state"] for row in rows}
+
+
+def outcomes_document(outcomes: list[Outcome]) -> Jsonb:
+    """record_outcomes' parameter: the batch as one JSON array of objects.
+
+    psycopg dumps a Python list element by element in Python: ten parallel arrays of 25
+    outcomes took the worker 400 us a batch, one JSON document 120 us.
+    """
+    now = time.monotonic()
+    return Jsonb([_as_json(o, now) for o in outcomes])
+
+
+def _as_json(outcome: Outcome, now: float) -> dict[str, object]:
+    return {
+        "delivery_id": outcome.lease.delivery_id,
+        "lease_token": str(outcome.lease.lease_token),
+        "outcome": outcome.outcome,
+        "http_status": outcome.http_status,
+        "error": outcome.error,
+        "excerpt": outcome.response_excerpt,
+        "delay": outcome.delay_seconds,
+        "delay_reason": outcome.delay_reason,
+        "finished_ago": now - outcome.finished_monotonic,
+        "spare": outcome.spare,
+    }
+
+
+def defer(
+    conn: psycopg.Connection, messages: list[Message], delay_seconds: float, reason: str
+) -> int:
+    """Hand dispatched, unsent deliveries back to pending (no retry budget used), due after
+    ``delay_seconds`` on the database clock and not before their destination's pause ends."""
+    if not messages:
+        return 0
+    rows = conn.execute(
+        query("defer_deliveries"),
+        {
+            "delivery_ids": [m.delivery_id for m in messages],
+            "message_ids": [m.message_id for m in messages],
+            "delay_seconds": delay_seconds,
+            "reason": reason,
+        },
+    ).fetchall()
+    return len(rows)

@@ -1,0 +1,721 @@
+"""The delivery worker against real PostgreSQL and a real receiver on 127.0.0.1."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import gc
+import threading
+import time
+from datetime import UTC, datetime
+
+import psycopg
+import pytest
+
+from media_hooks.devtools.receiver import Receiver, Reply, by_attempt
+from media_hooks.engine import delivery as delivery_module
+from media_hooks.engine.delivery import DeliveryCounts, deliver_batch
+from media_hooks.engine.delivery_run import deliver_due
+from media_hooks.http.sender import Sender
+from media_hooks.observe import figures
+from media_hooks.outbox import leases, rate_limits
+from media_hooks.outbox.claims import claim_due, plan_batches
+from media_hooks.outbox.cohort import Cohort
+from media_hooks.outbox.destinations import (
+    DestinationSpec,
+    disable_destination,
+    list_destinations,
+    upsert_destination,
+)
+from media_hooks.outbox.maintenance.requeue import requeue
+from media_hooks_tests.factories import add_deliveries, add_destination, delivery, states
+from media_hooks_tests.interleaving import in_background, wait_for
+
+SECRET = "whsec_" + base64.b64encode(b"delivery-test-secret-0123456789").decode()
+
+
+def _attempts(conn, delivery_id: str) -> list[dict]:
+    return conn.execute(
+        "SELECT * FROM delivery_attempt WHERE delivery_id = %s ORDER BY attempt_no", (delivery_id,)
+    ).fetchall()
+
+
+def _make_due(conn) -> None:
+    conn.execute("UPDATE webhook_delivery SET next_attempt_at = now() WHERE state = 'pending'")
+    conn.execute("UPDATE webhook_destination SET paused_until = NULL")
+
+
+def test_a_run_delivers_every_due_delivery_signed_once(conn, pool, settings):
+    with Receiver(secrets=[SECRET]) as receiver:
+        for name in ("cdn", "rights", "archive"):
+            add_destination(
+                conn,
+                name,
+                url=receiver.url,
+                secrets=[SECRET],
+                rate_per_second=1000,
+                burst=100,
+                max_in_flight=8,
+            )
+            add_deliveries(conn, name, 20)
+
+        report = deliver_due(pool, "run-1", settings)
+
+        assert report.claim.claimed == 60
+        assert report.totals.succeeded == 60
+        assert {k: v.succeeded for k, v in report.by_destination.items()} == {
+            "cdn": 20,
+            "rights": 20,
+            "archive": 20,
+        }
+        assert states(conn) == {"succeeded": 60}
+        assert receiver.effects == 60
+        assert all(r.verified for r in receiver.requests)
+        assert {r.webhook_id for r in receiver.requests} == {
+            r.idempotency_key for r in receiver.requests
+        }
+        body = bytes(delivery(conn, "d-cdn-1")["body"])
+        assert next(r.body for r in receiver.requests if r.webhook_id == "d-cdn-1") == body
+        published = conn.execute(
+            "SELECT count(*) AS n FROM dispatch_outbox WHERE published_at IS NULL"
+        ).fetchone()
+        assert published["n"] == 0
+        attempt = _attempts(conn, "d-cdn-1")[0]
+        assert (attempt["run_id"], attempt["outcome"], attempt["http_status"]) == (
+            "run-1",
+            "success",
+            200,
+        )
+
+
+def _freeze_counts_while_sending(conn, pool, settings, monkeypatch) -> list[int]:
+    """Deliver 5 messages, noting the collector's frozen objects at each request."""
+    seen: list[int] = []
+    submit = Sender.submit
+
+    def noting(self, delivery_id, body):
+        seen.append(gc.get_freeze_count())
+        return submit(self, delivery_id, body)
+
+    monkeypatch.setattr(Sender, "submit", noting)
+    with Receiver() as receiver:
+        add_destination(conn, "cdn", url=receiver.url, max_in_flight=2)
+        add_deliveries(conn, "cdn", 5)
+        assert deliver_due(pool, "run-gc", settings).totals.succeeded == 5
+    return seen
+
+
+def test_a_run_keeps_what_existed_at_its_start_out_of_full_collections_then_unfreezes_it(
+    conn, pool, settings, monkeypatch
+):
+    gc.unfreeze()  # a process that froze nothing of its own
+    seen = _freeze_counts_while_sending(conn, pool, settings, monkeypatch)
+    assert len(seen) == 5 and min(seen) > 0
+    assert gc.get_freeze_count() == 0  # nothing stays out of collection after the run
+
+
+def test_a_process_that_froze_its_own_objects_keeps_them_frozen_after_a_run(
+    conn, pool, settings, monkeypatch
+):
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        seen = _freeze_counts_while_sending(conn, pool, settings, monkeypatch)
+        # Frozen objects that die leave the count; a second freeze would add the run's own.
+        assert len(seen) == 5 and max(seen) <= frozen
+        assert 0 < gc.get_freeze_count() <= frozen
+    finally:
+        gc.unfreeze()
+
+
+def test_a_failed_delivery_is_dispatched_again_and_delivered_with_the_same_id(conn, pool, settings):
+    """The record's gap: after one failure a new dispatch (outbox row) delivers it."""
+    with Receiver(script=by_attempt(Reply(status=500))) as receiver:
+        add_destination(conn, "cdn", url=receiver.url)
+        add_deliveries(conn, "cdn", 1)
+
+        first = deliver_due(pool, "run-1", settings)
+        assert (first.totals.retried, first.totals.succeeded) == (1, 0)
+        row = delivery(conn, "d-cdn-1")
+        assert row["state"] == "pending" and row["wait_reason"].startswith("backoff")
+        _make_due(conn)
+
+        second = deliver_due(pool, "run-2", settings)
+        assert second.totals.succeeded == 1
+        assert [r.webhook_id for r in receiver.requests] == ["d-cdn-1", "d-cdn-1"]
+        outbox = conn.execute(
+            "SELECT message_id, run_id FROM dispatch_outbox ORDER BY dispatch_no"
+        ).fetchall()
+        assert [(r["message_id"], r["run_id"]) for r in outbox] == [
+            ("d-cdn-1:1", "run-1"),
+            ("d-cdn-1:2", "run-2"),
+        ]
+        assert [a["outcome"] for a in _attempts(conn, "d-cdn-1")] == ["retryable", "success"]
+
+
+def test_429_with_retry_after_pauses_the_destination_and_schedules_the_delivery(
+    conn, pool, settings
+):
+    with Receiver(script=by_attempt(Reply(status=429, headers={"Retry-After": "120"}))) as receiver:
+        add_destination(conn, "cdn", url=receiver.url, max_in_flight=1)
+        add_deliveries(conn, "cdn", 3)
+        before = datetime.now(UTC)
+
+        report = deliver_due(pool, "run-1", settings)
+
+        assert report.totals.rate_limited == 1
+        assert report.totals.deferred == 2  # the pause outlasts what a run waits: handed back
+        assert receiver.request_count == 1
+        destination = conn.execute(
+            "SELECT paused_until, paused_reason FROM webhook_destination"
+        ).fetchone()
+        assert (destination["paused_until"] - before).total_seconds() == pytest.approx(120, abs=5)
+        for row in conn.execute("SELECT * FROM webhook_delivery").fetchall():
+            assert row["state"] == "pending"
+            assert row["budget_used"] == 0  # rate limits do not spend the retry budget
+            assert (row["next_attempt_at"] - before).total_seconds() == pytest.approx(120, abs=5)
+
+
+def test_connection_dropped_after_the_receiver_committed_is_ambiguous_and_retried_with_the_same_key(
+    conn, pool, settings
+):
+    with Receiver(script=by_attempt(Reply(drop=True))) as receiver:
+        add_destination(conn, "cdn", url=receiver.url)
+        add_deliveries(conn, "cdn", 1)
+        first = deliver_due(pool, "run-1", settings)
+        assert first.totals.ambiguous == 1
+        assert delivery(conn, "d-cdn-1")["last_outcome"] == "ambiguous"
+        _make_due(conn)
+        assert deliver_due(pool, "run-2", settings).totals.succeeded == 1
+        assert [r.webhook_id for r in receiver.requests] == ["d-cdn-1", "d-cdn-1"]
+        assert receiver.effects == 1  # one logical effect at a deduplicating receiver
+
+
+def test_a_receiver_slower_than_the_timeout_is_ambiguous_and_retried(conn, pool, settings):
+    with Receiver(script=by_attempt(Reply(delay_seconds=2.0))) as receiver:
+        add_destination(conn, "cdn", url=receiver.url, timeout_seconds=0.3)
+        add_deliveries(conn, "cdn", 1)
+        assert deliver_due(pool, "run-1", settings).totals.ambiguous == 1
+        attempt = _attempts(conn, "d-cdn-1")[0]
+        assert attempt["outcome"] == "ambiguous" and "timeout" in attempt["error"].lower()
+        _make_due(conn)
+        assert deliver_due(pool, "run-2", settings).totals.succeeded == 1
+
+
+def test_410_kills_the_delivery_and_disables_the_destination_keeping_the_rest_pending(
+    conn, pool, settings
+):
+    with Receiver(reply=Reply(status=410)) as receiver:
+        add_destination(conn, "cdn", url=receiver.url, max_in_flight=1)
+        add_deliveries(conn, "cdn", 3)
+        report = deliver_due(pool, "run-1", settings)
+        assert (report.totals.dead, report.totals.deferred) == (1, 2)
+        assert receiver.request_count == 1
+        dest = conn.execute("SELECT enabled, disabled_reason FROM webhook_destination").fetchone()
+        assert dest["enabled"] is False and "410" in dest["disabled_reason"]
+        assert states(conn) == {"dead": 1, "pending": 2}
+
+
+def test_a_requeued_dead_letter_is_delivered_with_the_same_id(conn, pool, settings):
+    with Receiver(script=by_attempt(Reply(status=400))) as receiver:
+        add_destination(conn, "cdn", url=receiver.url)
+        add_deliveries(conn, "cdn", 1)
+        assert deliver_due(pool, "run-1", settings).totals.dead == 1
+        # Dead is terminal: a new run claims nothing.
+        assert deliver_due(pool, "run-2", settings).claim.claimed == 0
+        requeue(conn, Cohort(), reason="receiver fixed", requested_by="test")
+        assert deliver_due(pool, "run-3", settings).totals.succeeded == 1
+        assert [r.webhook_id for r in receiver.requests] == ["d-cdn-1", "d-cdn-1"]
+        assert [r.status for r in receiver.requests] == [400, 200]
+
+
+def test_in_flight_never_exceeds_the_destination_ceiling(conn, pool, settings):
+    with Receiver(reply=Reply(delay_seconds=0.05)) as receiver:
+        add_destination(
+            conn, "cdn", url=receiver.url, max_in_flight=3, rate_per_second=1000, burst=50
+        )
+        add_deliveries(conn, "cdn", 30)
+        assert deliver_due(pool, "run-1", settings).totals.succeeded == 30
+        assert receiver.max_in_flight == 3
+
+
+def test_a_rate_bound_worker_asks_for_a_burst_at_a_time_and_stays_within_the_envelope(
+    conn, pool, settings, monkeypatch
+):
+    """Each ask of the limiter costs a database round trip: a worker bound by the rate asks
+    when a burst of starts is due, not once per start or per finished request; the starts
+    still never exceed burst + rate·t at the receiver (20 ms of arrival jitter allowed)."""
+    rate, burst, count = 40.0, 4, 48
+    asks: list[int] = []
+    real = leases.lease_with_permits
+
+    def counted(*args, **kwargs):
+        step = real(*args, **kwargs)
+        asks.append(len(step.leases))
+        return step
+
+    monkeypatch.setattr(leases, "lease_with_permits", counted)
+    with Receiver(reply=Reply(delay_seconds=0.1)) as receiver:
+        add_destination(
+            conn, "cdn", url=receiver.url, max_in_flight=20, rate_per_second=rate, burst=burst
+        )
+        add_deliveries(conn, "cdn", count)
+        assert deliver_due(pool, "run-1", settings).totals.succeeded == count
+        starts = sorted(r.arrived_monotonic for r in receiver.requests)
+    # One start an ask would be 48 asks; a burst an ask is 12, and a few spare for the ends.
+    assert sum(asks) == count
+    assert len(asks) <= count // burst + 4, asks
+    for i, first in enumerate(starts):
+        for j in range(i + 1, len(starts)):
+            assert j - i + 1 <= burst + rate * (starts[j] - first + 0.02), (i, j)
+
+
+def _deliver_in_pages(conn, pool, settings, page_size: int) -> DeliveryCounts:
+    """Claim everything due for run-1 and deliver its one batch, the relay handing over pages
+    of ``page_size`` messages."""
+    claim_due(conn, "run-1", Cohort())
+    (batch,) = plan_batches(conn, "run-1")
+    return deliver_batch(pool, "run-1", batch, settings, page_size=page_size)
+
+
+def _open_attempts(conn) -> int:
+    return conn.execute(
+        "SELECT count(*) AS n FROM delivery_attempt WHERE finished_at IS NULL"
+    ).fetchone()["n"]
+
+
+def test_a_bare_429_is_recorded_deferred_and_spares_the_budget(conn, pool, settings):
+    """Hole 1: a 429 without Retry-After is an ordinary outcome, not a crashed batch."""
+    with Receiver(reply=Reply(status=429)) as receiver:
+        # The pause (the backoff base) outlasts what a run waits: the rest is handed back.
+        add_destination(conn, "cdn", url=receiver.url, max_in_flight=1, backoff_base_seconds=120)
+        add_deliveries(conn, "cdn", 3)
+
+        report = deliver_due(pool, "run-1", settings)
+
+        assert (report.totals.rate_limited, report.totals.deferred) == (1, 2)
+        assert receiver.request_count == 1
+        destination = conn.execute(
+            "SELECT extract(epoch FROM paused_until - now()) AS left, paused_reason "
+            "FROM webhook_destination"
+        ).fetchone()
+        assert 110 < destination["left"] <= 120
+        assert destination["paused_reason"] == "HTTP 429 without Retry-After: 120 s"
+        for row in conn.execute("SELECT * FROM webhook_delivery").fetchall():
+            assert (row["state"], row["budget_used"]) == ("pending", 0)
+        assert rate_limits.in_flight(conn, "cdn") == []
+        assert _open_attempts(conn) == 0
+
+
+def test_a_bare_503_is_an_ordinary_retryable_answer(conn, pool, settings):
+    """A 503 without Retry-After is "other 5xx": retried with backoff, budget spent, no pause."""
+    with Receiver(reply=Reply(status=503)) as receiver:
+        add_destination(conn, "cdn", url=receiver.url, max_in_flight=2)
+        add_deliveries(conn, "cdn", 2)
+        report = deliver_due(pool, "run-1", settings)
+        assert (report.totals.retried, report.totals.rate_limited) == (2, 0)
+        assert receiver.request_count == 2
+        assert conn.execute("SELECT paused_until FROM webhook_destination").fetchone() == {
+            "paused_until": None
+        }
+        for row in conn.execute("SELECT * FROM webhook_delivery").fetchall():
+            assert (row["state"], row["budget_used"], row["last_outcome"]) == (
+                "pending",
+                1,
+                "retryable",
+            )
+
+
+class Injected(RuntimeError):
+    pass
+
+
+def _fail_on_call(monkeypatch, owner, name: str, call: int) -> None:
+    """Make ``owner.name`` raise Injected on its ``call``-th call (once), as a fault would."""
+    original = getattr(owner, name)
+    calls = 0
+
+    def failing(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if calls == call:
+            raise Injected(f"injected at {name}")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, failing)
+
+
+# stage -> (module or class, function, the call that fails, receiver's answer)
+STAGES = {
+    "relay": (leases, "publish_page", 2, Reply()),
+    "lease": (leases, "lease_with_permits", 2, Reply()),
+    "record": (leases, "record", 1, Reply()),
+    "signals": (
+        rate_limits,
+        "pause_destination",
+        1,
+        Reply(status=429, headers={"Retry-After": "120"}),
+    ),
+    "defer": (leases, "defer", 1, Reply(status=429, headers={"Retry-After": "120"})),
+}
+
+
+@pytest.mark.parametrize("stage", list(STAGES))
+def test_an_exception_at_any_stage_hands_back_permits_and_leaves_no_lease_unrecorded(
+    conn, pool, settings, monkeypatch, stage
+):
+    """Item 1's rule: however a batch fails, its permits go back and every lease it took
+    is recorded (what finished with its real outcome); unsent rows stay discoverable."""
+    owner, name, call, reply = STAGES[stage]
+    with Receiver(reply=reply) as receiver:
+        add_destination(
+            conn, "cdn", url=receiver.url, max_in_flight=2, rate_per_second=1000, burst=100
+        )
+        ids = add_deliveries(conn, "cdn", 6)
+        _fail_on_call(monkeypatch, owner, name, call)
+
+        with pytest.raises(Injected):
+            _deliver_in_pages(conn, pool, settings, 2)
+
+        assert rate_limits.in_flight(conn, "cdn") == []
+        assert _open_attempts(conn) == 0
+        rows = conn.execute("SELECT delivery_id, state FROM webhook_delivery").fetchall()
+        assert {r["delivery_id"] for r in rows} == set(ids)
+        assert "leased" not in {r["state"] for r in rows}
+        # What was sent is recorded with the receiver's answer, not left to a lease expiry.
+        sent = {r.webhook_id for r in receiver.requests}
+        recorded = conn.execute("SELECT delivery_id, outcome FROM delivery_attempt").fetchall()
+        assert {r["delivery_id"] for r in recorded} == sent
+        expected = "success" if reply.status == 200 else "rate_limited"
+        assert {r["outcome"] for r in recorded} == {expected}
+
+
+def test_a_sender_that_raises_is_an_ambiguous_attempt_not_a_failed_batch(
+    conn, pool, settings, monkeypatch
+):
+    """The send stage: a bug in the sender may have sent the request; it is recorded as
+    ambiguous (same key next time) and the batch carries on."""
+    with Receiver() as receiver:
+        add_destination(conn, "cdn", url=receiver.url, max_in_flight=2)
+        add_deliveries(conn, "cdn", 4)
+        _fail_on_call(monkeypatch, Sender, "_post", 1)
+
+        report = _deliver_in_pages(conn, pool, settings, 2)
+
+        assert (report.succeeded, report.ambiguous) == (3, 1)
+        failed = conn.execute(
+            "SELECT outcome, error FROM delivery_attempt WHERE outcome <> 'success'"
+        ).fetchone()
+        assert failed["outcome"] == "ambiguous"
+        assert "Injected: injected at _post" in failed["error"]
+        assert rate_limits.in_flight(conn, "cdn") == []
+        assert _open_attempts(conn) == 0
+
+
+def test_an_exception_while_a_start_granted_ahead_waits_hands_its_permit_back(
+    conn, pool, settings, monkeypatch
+):
+    """A start granted ahead (migration 0014) waits in the worker until its moment: a failure
+    meanwhile hands its permit back and records its lease as not sent, budget kept."""
+    # One start a second, no stored credit, starts granted up to 0.5 s ahead: the second
+    # delivery's start is granted well before its moment, however busy the host.
+    monkeypatch.setattr(rate_limits, "AHEAD_SECONDS", 0.5)
+    waits: list[float] = []
+    wait_for_start = delivery_module._BatchWorker._wait_for_start
+
+    def failing(worker, start_at: float) -> bool:
+        waits.append(start_at - time.monotonic())
+        if len(waits) == 2:
+            raise Injected("injected while waiting for a start")
+        return wait_for_start(worker, start_at)
+
+    monkeypatch.setattr(delivery_module._BatchWorker, "_wait_for_start", failing)
+    with Receiver() as receiver:
+        add_destination(conn, "cdn", url=receiver.url, max_in_flight=2, rate_per_second=1, burst=1)
+        add_deliveries(conn, "cdn", 2)
+
+        with pytest.raises(Injected):
+            _deliver_in_pages(conn, pool, settings, 2)
+
+        assert waits[1] > 0  # the failure came while the second start was granted ahead
+        assert rate_limits.in_flight(conn, "cdn") == []
+        assert _open_attempts(conn) == 0
+        (sent,) = [r.webhook_id for r in receiver.requests]
+        rows = conn.execute(
+            "SELECT d.delivery_id, d.state, d.budget_used, a.outcome, a.error "
+            "FROM webhook_delivery d JOIN delivery_attempt a USING (delivery_id) "
+            "ORDER BY a.started_at"
+        ).fetchall()
+        assert [(r["delivery_id"] == sent, r["state"], r["outcome"]) for r in rows] == [
+            (True, "succeeded", "success"),
+            (False, "pending", "retryable"),
+        ]
+        assert rows[1]["budget_used"] == 0
+        assert "not sent: the batch stopped first (Injected" in rows[1]["error"]
+
+
+def _holding(hold_id: str):
+    """A receiver script that holds ``hold_id``'s first request until released; every other
+    request is answered 200 at once."""
+    arrived, release = threading.Event(), threading.Event()
+
+    def script(info):
+        if info.webhook_id == hold_id and info.seen_before == 0:
+            arrived.set()
+            release.wait(60)
+        return Reply()
+
+    return script, arrived, release
+
+
+def test_an_answered_delivery_is_recorded_while_a_slow_neighbour_is_in_flight(conn, pool, settings):
+    """Hole 5: an outcome waits at most the record delay, not for the slowest request."""
+    script, arrived, release = _holding("d-cdn-1")
+    with Receiver(script=script) as receiver:
+        add_destination(conn, "cdn", url=receiver.url, max_in_flight=2, timeout_seconds=30)
+        add_deliveries(conn, "cdn", 2)
+        with in_background(lambda: deliver_due(pool, "run-1", settings)) as run:
+            try:
+                wait_for(
+                    lambda: delivery(conn, "d-cdn-2")["state"] == "succeeded",
+                    "the answered delivery's outcome to be recorded",
+                    timeout=10,
+                )
+                assert arrived.is_set() and delivery(conn, "d-cdn-1")["state"] == "leased"
+            finally:
+                release.set()
+        assert run.result().totals.succeeded == 2
+
+
+def test_requeue_while_a_request_is_in_flight_causes_no_second_send(conn, pool, settings):
+    """Hole 4 with a real receiver: an operator's requeue during the request, then another
+    run, must not send the delivery again; the first worker's success is recorded."""
+    script, arrived, release = _holding("d-cdn-1")
+    with Receiver(script=script) as receiver:
+        add_destination(conn, "cdn", url=receiver.url, timeout_seconds=30)
+        add_deliveries(conn, "cdn", 1)
+        with in_background(lambda: deliver_due(pool, "run-1", settings)) as first:
+            try:
+                assert arrived.wait(10)
+                result = requeue(
+                    conn, Cohort(), states=("leased", "dead"), reason="r", requested_by="op"
+                )
+                second = deliver_due(pool, "run-2", settings)
+            finally:
+                release.set()
+        assert first.result().totals.succeeded == 1
+    assert receiver.requests_by_id == {"d-cdn-1": 1}
+    assert (second.claim.claimed, result.moved, result.in_flight) == (0, 0, 1)
+    assert delivery(conn, "d-cdn-1")["state"] == "succeeded"
+    assert [a["outcome"] for a in _attempts(conn, "d-cdn-1")] == ["success"]
+
+
+def _change_at_request(number: int, change) -> tuple:
+    """A script that calls ``change()`` while answering the ``number``-th request."""
+    seen = 0
+    lock = threading.Lock()
+
+    def script(info):
+        nonlocal seen
+        with lock:
+            seen += 1
+            current = seen
+        if current == number:
+            change()
+        return Reply()
+
+    return script
+
+
+NEW_SECRET = "whsec_" + base64.b64encode(b"rotated-secret-after-the-change").decode()
+
+
+def test_a_changed_url_and_secret_take_effect_at_the_next_page(conn, pool, settings, database_url):
+    """Hole 10: a running batch re-reads its destination at every page."""
+    with (
+        psycopg.connect(database_url, autocommit=True) as operator,
+        Receiver(secrets=[NEW_SECRET]) as new,
+    ):
+
+        def change():
+            spec = DestinationSpec("cdn", new.url, secrets=(NEW_SECRET,))
+            upsert_destination(operator, spec, settings)
+
+        with Receiver(secrets=[SECRET], script=_change_at_request(3, change)) as old:
+            add_destination(conn, "cdn", url=old.url, secrets=[SECRET], max_in_flight=1)
+            add_deliveries(conn, "cdn", 20)
+
+            report = _deliver_in_pages(conn, pool, settings, 5)
+
+        assert report.succeeded == 20
+        assert 3 <= old.request_count <= 5  # the rest of the page it was changed in, at most
+        assert new.request_count == 20 - old.request_count
+        assert all(r.verified for r in new.requests)
+
+
+def test_a_destination_disabled_mid_batch_stops_at_once(conn, pool, settings, database_url):
+    with psycopg.connect(database_url, autocommit=True) as operator:
+        script = _change_at_request(3, lambda: disable_destination(operator, "cdn", "maintenance"))
+        with Receiver(script=script) as receiver:
+            add_destination(conn, "cdn", url=receiver.url, max_in_flight=1)
+            add_deliveries(conn, "cdn", 10)
+            report = _deliver_in_pages(conn, pool, settings, 5)
+    assert receiver.request_count == 3
+    assert (report.succeeded, report.deferred) == (3, 7)
+    assert states(conn) == {"succeeded": 3, "pending": 7}
+
+
+def test_deferred_deliveries_are_due_when_the_pause_ends_on_the_database_clock(
+    conn, pool, settings
+):
+    """Hole 8: a deferral's due time is the pause's end as the database stored it, not an
+    application host's clock plus a duration."""
+    with Receiver(script=by_attempt(Reply(status=429, headers={"Retry-After": "120"}))) as receiver:
+        add_destination(conn, "cdn", url=receiver.url, max_in_flight=1)
+        add_deliveries(conn, "cdn", 3)
+        report = deliver_due(pool, "run-1", settings)
+    assert report.totals.deferred == 2
+    (paused_until,) = (
+        conn.execute("SELECT paused_until FROM webhook_destination").fetchone().values()
+    )
+    deferred = conn.execute(
+        "SELECT next_attempt_at FROM webhook_delivery WHERE attempt_count = 0"
+    ).fetchall()
+    assert [r["next_attempt_at"] for r in deferred] == [paused_until, paused_until]
+
+
+def test_an_address_refused_at_connect_time_disables_the_destination_not_the_deliveries(
+    conn, pool, settings
+):
+    """Issue 11's configuration fault: the SSRF guard refusing the connected address is not a
+    delivery failure. The destination is disabled saying which address and which setting
+    allows it; the attempt is recorded, the deliveries stay pending with their budget."""
+    guarded = dataclasses.replace(settings, allow_private_urls=False)
+    with Receiver() as receiver:
+        add_destination(conn, "cdn", url=receiver.url, max_in_flight=1, max_attempts=1)
+        add_deliveries(conn, "cdn", 3)
+
+        report = deliver_due(pool, "run-1", guarded)
+
+        assert receiver.request_count == 0
+    for row in conn.execute("SELECT * FROM webhook_delivery").fetchall():
+        assert (row["state"], row["budget_used"]) == ("pending", 0)
+    assert (report.totals.guard_refused, report.totals.deferred, report.totals.dead) == (1, 2, 0)
+    (attempt,) = conn.execute("SELECT outcome, error FROM delivery_attempt").fetchall()
+    assert attempt["outcome"] == "retryable" and "SSRF guard" in attempt["error"]
+    (listed,) = list_destinations(conn)
+    assert listed["state"] == "disabled"
+    assert "127.0.0.1" in listed["disabled_reason"]
+    assert "MEDIA_HOOKS_ALLOW_PRIVATE_URLS=1" in listed["disabled_reason"]
+    (flag,) = figures.measure(conn).disabled
+    assert flag.disabled_reason == listed["disabled_reason"]
+    assert rate_limits.in_flight(conn, "cdn") == []
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        {"backoff_base_seconds": 1e300, "backoff_cap_seconds": 1e300},
+        {"rate_per_second": 1e-300},
+    ],
+    ids=["backoff", "rate"],
+)
+def test_settings_the_engine_cannot_honour_disable_the_destination_before_any_send(
+    conn, pool, settings, stored
+):
+    """Hole 9: a destination stored with values outside their documented ranges (before
+    `destination add` checked them) is a configuration fault found before any send."""
+    with Receiver(reply=Reply(status=500)) as receiver:
+        add_destination(conn, "cdn", url=receiver.url, **stored)
+        add_deliveries(conn, "cdn", 2)
+
+        report = deliver_due(pool, "run-1", settings)
+
+        assert receiver.request_count == 0
+    # Found as the destination's worker starts: it claims nothing, its rows never leave pending.
+    assert report.claim.claimed == 0
+    (listed,) = list_destinations(conn)
+    assert listed["state"] == "disabled"
+    assert "outside the range the engine can honour" in listed["disabled_reason"]
+    for row in conn.execute("SELECT * FROM webhook_delivery").fetchall():
+        assert (row["state"], row["budget_used"]) == ("pending", 0)
+
+
+def test_a_stopped_run_hands_back_what_it_holds_at_once(conn, pool, settings):
+    """A canceled run (its stop event set) sends nothing more: what is in flight is recorded,
+    every claimed delivery it had not sent is due again, every permit goes back, and it claims
+    nothing further, however long its backlog and its destination's limit would have taken."""
+    with Receiver() as receiver:
+        add_destination(conn, "cdn", url=receiver.url, rate_per_second=2, burst=1)
+        add_deliveries(conn, "cdn", 600)
+        stop = threading.Event()
+        with in_background(lambda: deliver_due(pool, "run-1", settings, stop=stop)) as run:
+            wait_for(lambda: receiver.request_count >= 2, "two sends", timeout=30)
+            stop.set()
+            report = run.result(timeout=10)
+    sent = receiver.request_count
+    assert report.totals.succeeded == sent
+    # One page (250) was claimed; the rest of the backlog was never claimed.
+    assert report.claim.claimed == 250
+    assert report.totals.deferred == 250 - sent
+    assert states(conn) == {"succeeded": sent, "pending": 600 - sent}
+    assert rate_limits.in_flight(conn, "cdn") == []
+    waiting = conn.execute(
+        "SELECT DISTINCT wait_reason FROM webhook_delivery WHERE state = 'pending' "
+        "AND wait_reason IS NOT NULL"
+    ).fetchall()
+    assert [r["wait_reason"] for r in waiting] == ["due again: run run-1 was stopped"]
+
+
+class _AskCountingBudget(delivery_module.RowBudget):
+    """A run's row budget that signals the second time a worker asks it for rows."""
+
+    def __init__(self, rows: int) -> None:
+        super().__init__(rows)
+        self.asks = 0
+        self.second_ask = threading.Event()
+
+    def take(self, wanted: int) -> int:
+        self.asks += 1
+        if self.asks == 2:
+            self.second_ask.set()
+        return super().take(wanted)
+
+
+def test_a_worker_asking_while_a_claim_runs_gets_what_that_claim_hands_back(
+    conn, pool, monkeypatch
+):
+    """A run capped at 4 rows: beta's claim reserves all 4 and comes back with its 2 due rows.
+    Alpha asks for rows while that claim runs (paused there until alpha has asked): it gets
+    the 2 beta hands back, instead of stopping with none and leaving the run 2 short."""
+    for name, count in (("alpha", 4), ("beta", 2)):
+        add_destination(conn, name, url="http://127.0.0.1:9/" + name)
+        add_deliveries(conn, name, count)
+    budget = _AskCountingBudget(4)
+    beta_claiming = threading.Event()
+    claim = delivery_module.claims.claim_destination_page
+
+    def beta_paused_until_alpha_asks(claim_conn, run_id, destination_id, cohort, size):
+        if destination_id == "beta":
+            beta_claiming.set()
+            assert budget.second_ask.wait(15), "alpha never asked for rows"
+        return claim(claim_conn, run_id, destination_id, cohort, size)
+
+    monkeypatch.setattr(
+        delivery_module.claims, "claim_destination_page", beta_paused_until_alpha_asks
+    )
+    pages = {
+        d: delivery_module.DuePages("run-1", d, Cohort(), 100, budget) for d in ("alpha", "beta")
+    }
+    with pool.connection() as beta_conn, pool.connection() as alpha_conn:
+        with in_background(lambda: pages["beta"].next_page(beta_conn)) as beta:
+            assert beta_claiming.wait(15)
+            alpha = pages["alpha"].next_page(alpha_conn)
+        assert len(beta.result()) == 2
+    assert len(alpha) == 2
+    assert budget.take(100) == 0
+    leased = conn.execute(
+        "SELECT destination_id, count(*) AS n FROM webhook_delivery "
+        "WHERE state <> 'pending' GROUP BY destination_id ORDER BY destination_id"
+    ).fetchall()
+    assert [(r["destination_id"], r["n"]) for r in leased] == [("alpha", 2), ("beta", 2)]

@@ -1,0 +1,238 @@
+"""`media-hooks check` (media_hooks.observe.checks): a clean history holds; each invariant, broken by
+hand as an operator's UPDATE would break it, is reported with the id of the row that breaks it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import pytest
+
+from media_hooks.observe import checks
+from media_hooks.outbox import rate_limits
+from media_hooks.outbox.claims import claim_due
+from media_hooks.outbox.cohort import Cohort
+from media_hooks.outbox.leases import Outcome, lease, publish_page, record
+from media_hooks_tests.factories import add_deliveries, add_destination
+
+
+def _finish(conn: psycopg.Connection, leases, outcome: str, status: int) -> None:
+    now = time.monotonic()
+    record(conn, [Outcome(le, outcome, status, None, None, 0.0, None, now) for le in leases])
+
+
+def _send(conn: psycopg.Connection, run_id: str) -> dict:
+    """Claim everything due into ``run_id`` and lease all of it: {delivery_id: lease}."""
+    claim_due(conn, run_id, Cohort())
+    messages = publish_page(
+        conn,
+        run_id=run_id,
+        destination_id="pub",
+        after_message_id="",
+        last_message_id="~",
+        page_size=100,
+    )
+    return {le.delivery_id: le for le in lease(conn, run_id, messages, 90)}
+
+
+@pytest.fixture
+def history(conn) -> psycopg.Connection:
+    """Every state, made by the engine: d-pub-1, 2 succeeded; 3 succeeded on its second attempt
+    after a retryable one; 4 rejected (dead); 5-7 leased; 8-10 enqueued; a tombstone; a permit
+    held."""
+    add_destination(conn, "pub")
+    add_deliveries(conn, "pub", 7)
+    leased = _send(conn, "run-1")
+    _finish(conn, [leased["d-pub-1"], leased["d-pub-2"]], "success", 200)
+    _finish(conn, [leased["d-pub-3"]], "retryable", 500)
+    _finish(conn, [leased["d-pub-4"]], "rejected", 410)
+    conn.execute("UPDATE webhook_delivery SET next_attempt_at = now() WHERE state = 'pending'")
+    again = _send(conn, "run-2")
+    _finish(conn, [again["d-pub-3"]], "success", 200)
+    add_deliveries(conn, "pub", 3, prefix="e")
+    claim_due(conn, "run-3", Cohort())
+    conn.execute(
+        "INSERT INTO delivery_identity (delivery_id, destination_id, created_at, final_state)"
+        " VALUES ('old-1', 'pub', now() - interval '40 days', 'succeeded')"
+    )
+    rate_limits.acquire(conn, "pub", 1, "holder-1", 90)
+    return conn
+
+
+def _run(conn, **options) -> checks.Report:
+    return checks.run(conn, checks.Options(**options))
+
+
+def _broken(report: checks.Report) -> dict[str, tuple[str, ...]]:
+    return {r.name: r.examples for r in report.failed()}
+
+
+def test_states_are_as_built(history):
+    rows = history.execute(
+        "SELECT state, array_agg(delivery_id ORDER BY delivery_id) AS ids"
+        " FROM webhook_delivery GROUP BY state"
+    ).fetchall()
+    by_state = {r["state"]: r["ids"] for r in rows}
+    assert by_state == {
+        "succeeded": ["d-pub-1", "d-pub-2", "d-pub-3"],
+        "dead": ["d-pub-4"],
+        "leased": ["d-pub-5", "d-pub-6", "d-pub-7"],
+        "enqueued": ["e-pub-1", "e-pub-2", "e-pub-3"],
+    }
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_a_clean_history_holds(history, full):
+    report = _run(history, full=full)
+    assert _broken(report) == {}
+    assert [r.name for r in report.results] == [c.name for c in checks.CHECKS] + [
+        checks.COUNTS.name
+    ]
+    assert (report.since is None) == full
+
+
+BREAKS = {
+    # An operator "closes" an attempt by hand: the delivery stays leased with no open attempt.
+    "leased_without_one_open_attempt": (
+        "UPDATE delivery_attempt SET finished_at = now(), outcome = 'retryable'"
+        " WHERE delivery_id = 'd-pub-5'",
+        "d-pub-5",
+    ),
+    # An operator frees a leased delivery by hand: its attempt stays open without a lease.
+    "open_attempt_without_lease": (
+        "UPDATE webhook_delivery SET state = 'pending', lease_token = NULL, lease_until = NULL"
+        " WHERE delivery_id = 'd-pub-6'",
+        "d-pub-6#1",
+    ),
+    # A lease that ended an hour ago and no sweep ended it.
+    "open_attempt_past_lease": (
+        "UPDATE webhook_delivery SET lease_until = now() - interval '1 hour'"
+        " WHERE delivery_id = 'd-pub-7'",
+        "d-pub-7#1",
+    ),
+    "two_successes": (
+        "UPDATE delivery_attempt SET outcome = 'success'"
+        " WHERE delivery_id = 'd-pub-3' AND attempt_no = 1",
+        "d-pub-3",
+    ),
+    # The first attempt "never happened": the second send has no recorded reason.
+    "send_without_reason": (
+        "UPDATE delivery_attempt SET outcome = 'rejected'"
+        " WHERE delivery_id = 'd-pub-3' AND attempt_no = 1",
+        "d-pub-3#2",
+    ),
+    # Marked dead by hand after it succeeded.
+    "success_matches_state": (
+        "UPDATE webhook_delivery SET state = 'dead' WHERE delivery_id = 'd-pub-1'",
+        "d-pub-1",
+    ),
+    "tombstone_beside_live": (
+        "UPDATE delivery_identity SET final_state = 'succeeded', destination_id = 'pub',"
+        " created_at = now() WHERE delivery_id = 'd-pub-2'",
+        "d-pub-2",
+    ),
+    "delivery_without_identity": (
+        "DELETE FROM delivery_identity WHERE delivery_id = 'd-pub-2'",
+        "d-pub-2",
+    ),
+    # An outbox "cleanup" that deleted a message still waited for.
+    "enqueued_without_outbox": (
+        "DELETE FROM dispatch_outbox WHERE message_id = 'e-pub-2:1'",
+        "e-pub-2",
+    ),
+    "permits_past_hold": (
+        "UPDATE destination_limiter SET slot_until[1] = now() + interval '1 day'",
+        "pub#1",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BREAKS))
+def test_a_broken_invariant_is_reported_with_its_id(history, name):
+    statement, example = BREAKS[name]
+    history.execute(statement)
+    for full in (False, True):
+        report = _run(history, full=full)
+        result = next(r for r in report.results if r.name == name)
+        assert (result.violations, result.examples) == (1, (example,)), (full, result)
+        assert not report.holds
+
+
+def test_send_after_a_rejection_is_reasoned_by_a_requeue(history):
+    history.execute(BREAKS["send_without_reason"][0])
+    assert "send_without_reason" in _broken(_run(history))
+    history.execute(
+        """
+        WITH r AS (INSERT INTO delivery_requeue (requested_by, reason, cohort, moved)
+                   VALUES ('ops', 'fixed the publisher', '{}', 1) RETURNING requeue_id)
+        INSERT INTO delivery_requeue_item (requeue_id, delivery_id, previous_state)
+        SELECT requeue_id, 'd-pub-3', 'dead' FROM r
+        """
+    )
+    assert "send_without_reason" not in _broken(_run(history))
+
+
+def test_a_succeeded_delivery_without_its_success_attempt(history):
+    history.execute("UPDATE webhook_delivery SET state = 'succeeded' WHERE delivery_id = 'e-pub-3'")
+    assert _broken(_run(history))["success_matches_state"] == ("e-pub-3",)
+
+
+def test_the_window_bounds_the_history_and_all_reads_it_whole(history):
+    """A pending delivery lost its identity long ago: only --all reads that far."""
+    history.execute("UPDATE webhook_delivery SET state = 'pending' WHERE delivery_id = 'e-pub-1'")
+    history.execute("DELETE FROM delivery_identity WHERE delivery_id = 'e-pub-1'")
+    history.execute("DELETE FROM dispatch_outbox WHERE message_id = 'e-pub-1:1'")
+    assert "delivery_without_identity" not in _broken(_run(history))
+    assert _broken(_run(history, full=True))["delivery_without_identity"] == ("e-pub-1",)
+    # An old double success falls outside a short window.
+    history.execute(BREAKS["two_successes"][0])
+    history.execute("UPDATE delivery_attempt SET finished_at = now() - interval '2 days'")
+    assert "two_successes" not in _broken(_run(history))
+    assert _broken(_run(history, full=True))["two_successes"] == ("d-pub-3",)
+
+
+def test_a_lease_within_its_margin_holds(history):
+    history.execute(
+        "UPDATE webhook_delivery SET lease_until = now() - interval '1 minute'"
+        " WHERE delivery_id = 'd-pub-7'"
+    )
+    assert "open_attempt_past_lease" not in _broken(_run(history))
+    assert _broken(_run(history, lease_margin_seconds=30))["open_attempt_past_lease"] == (
+        "d-pub-7#1",
+    )
+
+
+def test_counts_through_a_corrupt_index_differ_from_status(history):
+    """An index that stopped being maintained (simulated: marked not ready for inserts) hides a
+    leased row from the partial-index count, and the status count disagrees."""
+    history.execute(
+        "UPDATE pg_index SET indisready = false"
+        " WHERE indexrelid = 'webhook_delivery_lease'::regclass"
+    )
+    (token,) = history.execute("SELECT gen_random_uuid()").fetchone().values()
+    history.execute(
+        "UPDATE webhook_delivery SET state = 'leased', lease_until = now() + interval '1 minute',"
+        " lease_token = %s WHERE delivery_id = 'e-pub-3'",
+        (token,),
+    )
+    history.execute(
+        "UPDATE pg_index SET indisready = true WHERE indexrelid = 'webhook_delivery_lease'::regclass"
+    )
+    assert _broken(_run(history))["counts_by_state"] == ("leased: status 4, rows 3",)
+
+
+def test_the_check_reads_one_snapshot_and_writes_nothing(history):
+    report = _run(history)
+    assert not history.info.transaction_status  # IDLE: the transaction ended
+    assert history.isolation_level is None and history.read_only is None
+    assert report.checked_at is not None
+
+
+def test_a_delivery_dispatched_past_an_earlier_one_of_its_asset(history):
+    """On a destination that orders by asset, an earlier delivery of the asset (here written by
+    hand, backdated) that is not terminal makes the dispatched one out of order."""
+    history.execute("UPDATE webhook_destination SET ordering = 'asset'")
+    assert "sent_out_of_order" not in _broken(_run(history))
+    add_deliveries(history, "pub", 1, prefix="backdated", asset_id="asset-2", age_seconds=3600)
+    assert _broken(_run(history))["sent_out_of_order"] == ("e-pub-2",)

@@ -1,0 +1,193 @@
+"""The operator's figures (media_hooks.observe.figures) against a prepared database, and their plans."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from media_hooks.observe import figures
+from media_hooks.outbox import claims, leases
+from media_hooks.outbox.cohort import Cohort
+from media_hooks.outbox.maintenance import sweeps
+from media_hooks.store.sqlfiles import query
+from media_hooks_tests.factories import add_deliveries, add_destination
+
+
+def _prepare(conn) -> None:
+    add_destination(conn, "live", "http://127.0.0.1:9/live")
+    add_destination(conn, "paused", "http://127.0.0.1:9/paused")
+    add_destination(conn, "off", "http://127.0.0.1:9/off")
+    conn.execute(
+        "UPDATE webhook_destination SET paused_until = now() + interval '1 hour', "
+        "paused_reason = 'Retry-After 3600' WHERE destination_id = 'paused'"
+    )
+    conn.execute(
+        "UPDATE webhook_destination SET enabled = false, disabled_reason = '410 Gone', "
+        "disabled_at = now() WHERE destination_id = 'off'"
+    )
+    add_deliveries(conn, "live", 3, due_seconds_ago=120)
+    add_deliveries(conn, "live", 1, prefix="future", due_seconds_ago=-600)
+    add_deliveries(conn, "paused", 2, due_seconds_ago=600)
+    add_deliveries(conn, "off", 1, due_seconds_ago=900)
+    expired = add_deliveries(conn, "live", 2, state="leased")
+    conn.execute(
+        "UPDATE webhook_delivery SET lease_until = now() - interval '5 seconds' "
+        "WHERE delivery_id = ANY(%s)",
+        (expired,),
+    )
+    add_deliveries(conn, "live", 1, state="leased", prefix="held")
+    enqueued = add_deliveries(conn, "live", 1, state="enqueued")
+    conn.execute(
+        "INSERT INTO dispatch_outbox (message_id, delivery_id, dispatch_no, destination_id, "
+        "run_id, body, created_at) VALUES (%s || ':1', %s, 1, 'live', 'run-1', 'x', "
+        "now() - interval '30 seconds')",
+        (enqueued[0], enqueued[0]),
+    )
+    conn.execute(
+        "UPDATE webhook_delivery SET current_message_id = delivery_id || ':1', "
+        "updated_at = now() - interval '30 seconds' WHERE delivery_id = %s",
+        (enqueued[0],),
+    )
+    add_deliveries(conn, "live", 2, state="dead")
+    done = add_deliveries(conn, "live", 5, state="succeeded")
+    # A dispatch of a run that died, never published: its delivery succeeded through a later one.
+    conn.execute(
+        "INSERT INTO dispatch_outbox (message_id, delivery_id, dispatch_no, destination_id, "
+        "run_id, body, created_at) VALUES (%s || ':1', %s, 1, 'live', 'run-0', 'x', "
+        "now() - interval '1 hour')",
+        (done[1], done[1]),
+    )
+    for offset, outcome in [
+        ("10 minutes", "success"),
+        ("20 minutes", "success"),
+        ("30 minutes", "retryable"),
+        ("3 hours", "rate_limited"),
+        ("2 days", "success"),
+    ]:
+        conn.execute(
+            "INSERT INTO delivery_attempt (delivery_id, attempt_no, destination_id, lease_token, "
+            "started_at, finished_at, outcome) SELECT %s, 1 + count(*), 'live', "
+            "gen_random_uuid(), now() - %s::interval, now() - %s::interval, %s "
+            "FROM delivery_attempt WHERE delivery_id = %s",
+            (done[0], offset, offset, outcome, done[0]),
+        )
+
+
+def test_figures_match_the_prepared_rows(conn):
+    _prepare(conn)
+    f = figures.measure(conn)
+
+    assert f.counts == {
+        "live": {"pending": 4, "leased": 3, "enqueued": 1, "dead": 2, "succeeded": 5},
+        "paused": {"pending": 2},
+        "off": {"pending": 1},
+    }
+    assert f.totals == {
+        "pending": 7, "enqueued": 1, "leased": 3, "succeeded": 5, "dead": 2,
+        "superseded": 0, "discarded": 0,
+    }  # fmt: skip
+    # The paused and disabled destinations' older rows are due but not sendable.
+    assert f.oldest_due_age_seconds == pytest.approx(120, abs=5)
+    assert f.oldest_due_any_age_seconds == pytest.approx(900, abs=5)
+    assert f.relay_lag_seconds == pytest.approx(30, abs=5)
+    assert f.expired_leases == 2
+    assert f.dead_letters == 2
+    assert f.newest_dead_at is not None
+    assert [p.destination_id for p in f.paused] == ["paused"]
+    assert f.paused[0].paused_reason == "Retry-After 3600"
+    assert [d.destination_id for d in f.disabled] == ["off"]
+    assert f.disabled[0].disabled_reason == "410 Gone"
+    assert f.attempts_last_hour == {"success": 2, "retryable": 1}
+    assert f.attempts_last_day == {"success": 2, "retryable": 1, "rate_limited": 1}
+    assert f.due_work
+    assert "oldest due 12" in f.headline()
+    json.dumps(f.as_dict())  # JSON-ready
+
+
+def test_relay_lag_counts_only_messages_still_waited_for(conn):
+    """Issue 10: a killed run's messages were never published; its deliveries went back to
+    pending and out through later dispatches. Their old messages are not lag."""
+    add_destination(conn, "live", "http://127.0.0.1:9/live")
+    ids = add_deliveries(conn, "live", 3)
+    claims.claim_due(conn, "killed", Cohort())
+    conn.execute(
+        "UPDATE dispatch_outbox SET created_at = now() - interval '40 minutes' "
+        "WHERE run_id = 'killed'"
+    )
+    assert figures.measure(conn).relay_lag_seconds == pytest.approx(2400, abs=5)
+    assert sweeps.release_run(conn, "killed") == 3
+    assert figures.measure(conn).relay_lag_seconds is None  # due again: the oldest due figure
+    claims.claim_due(conn, "next", Cohort())
+    leases.publish_page(
+        conn,
+        run_id="next",
+        destination_id="live",
+        after_message_id="",
+        last_message_id="~",
+        page_size=10,
+    )
+    conn.execute(
+        "UPDATE webhook_delivery SET state = 'succeeded' WHERE delivery_id = ANY(%s)", (ids,)
+    )
+    assert figures.measure(conn).relay_lag_seconds is None
+
+    add_deliveries(conn, "live", 1, prefix="fresh")
+    claims.claim_due(conn, "live-run", Cohort())
+    lag = figures.measure(conn).relay_lag_seconds
+    assert lag is not None and lag < 60
+
+
+def test_an_explicit_instant_moves_every_age(conn):
+    _prepare(conn)
+    now = conn.execute("SELECT now() + interval '1 hour' AS t").fetchone()["t"]
+    f = figures.measure(conn, now=now)
+    # An hour on: the future row is due, the pause is over.
+    assert f.oldest_due_any_age_seconds == pytest.approx(3600 + 900, abs=5)
+    assert f.oldest_due_age_seconds == pytest.approx(3600 + 600, abs=5)
+    assert f.paused == ()
+    assert f.attempts_last_hour == {}
+
+
+def test_empty_database_has_no_ages(conn):
+    f = figures.measure(conn)
+    assert not f.due_work
+    assert f.relay_lag_seconds is None
+    assert f.totals == dict.fromkeys(figures.COUNTED, 0)
+    assert "oldest due none" in f.headline()
+
+
+@pytest.mark.parametrize(
+    "name", ["figures_scalars", "figures_attempts_by_outcome", "figures_counts_by_state"]
+)
+def test_each_figure_is_an_index_scan(conn, name):
+    add_destination(conn, "live", "http://127.0.0.1:9/live")
+    ids = add_deliveries(conn, "live", 4000, state="succeeded")
+    for state, n in [("pending", 300), ("dead", 50), ("leased", 20)]:
+        add_deliveries(conn, "live", n, state=state)
+    conn.execute(
+        "INSERT INTO delivery_attempt (delivery_id, attempt_no, destination_id, lease_token, "
+        "started_at, finished_at, outcome) SELECT d, 1, 'live', gen_random_uuid(), "
+        "now() - (i * interval '1 minute'), now() - (i * interval '1 minute'), 'success' "
+        "FROM unnest(%s::text[]) WITH ORDINALITY AS u(d, i)",
+        (ids,),
+    )
+    conn.execute(
+        "INSERT INTO dispatch_outbox (message_id, delivery_id, dispatch_no, destination_id, "
+        "run_id, body, published_at) SELECT delivery_id || ':1', delivery_id, 1, 'live', 'r', "
+        "'x', now() FROM webhook_delivery WHERE state = 'succeeded'"
+    )
+    # Dispatches of killed runs, never published, whose deliveries went out later.
+    conn.execute(
+        "INSERT INTO dispatch_outbox (message_id, delivery_id, dispatch_no, destination_id, "
+        "run_id, body) SELECT delivery_id || ':0', delivery_id, 2, 'live', 'killed', 'x' "
+        "FROM webhook_delivery WHERE state = 'succeeded'"
+    )
+    conn.execute("VACUUM ANALYZE")
+    plan = "\n".join(
+        row["QUERY PLAN"]
+        for row in conn.execute("EXPLAIN " + query(name), {"now": None}).fetchall()
+    )
+    for table in ("webhook_delivery", "dispatch_outbox", "delivery_attempt"):
+        assert f"Seq Scan on {table}" not in plan, plan
+    assert "Index" in plan, plan

@@ -1,0 +1,469 @@
+"""The hot statements are index scans on a realistic table, not sequential scans (issue 2).
+
+Each plan is printed (``pytest -s`` shows them) and checked: no statement of the delivery
+protocol may read a whole table of deliveries, dispatches or attempts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from media_hooks.outbox.claims import claim_due
+from media_hooks.outbox.cohort import Cohort
+from media_hooks.outbox.emit import Event, emit_many
+from media_hooks.outbox.leases import Lease, Outcome, outcomes_document
+from media_hooks.store.db import with_database
+from media_hooks.store.sqlfiles import queries, query
+from media_hooks_tests.conftest import create_database, drop_database
+from media_hooks_tests.factories import add_deliveries, add_destination
+
+BIG_TABLES = {"webhook_delivery", "dispatch_outbox", "delivery_attempt"}
+
+
+def _seq_scans(plan: dict) -> list[str]:
+    found = []
+    if plan.get("Node Type") == "Seq Scan" and plan.get("Relation Name") in BIG_TABLES:
+        found.append(
+            f"{plan['Relation Name']} ({plan.get('Parent Relationship')}, {plan.get('Subplan Name', '')})"
+        )
+    for child in plan.get("Plans", []):
+        found.extend(_seq_scans(child))
+    return found
+
+
+@pytest.fixture(scope="module")
+def loaded(server_url, template_name):
+    """One loaded database for every plan: EXPLAIN without ANALYZE changes nothing."""
+    name = create_database(server_url, template=template_name)
+    with psycopg.connect(
+        with_database(server_url, name), autocommit=True, row_factory=dict_row
+    ) as conn:
+        add_destination(conn, "cdn")
+        add_deliveries(conn, "cdn", 20_000)
+        for run in range(20):  # many runs' dispatches: a run is a small part of the outbox
+            claim_due(conn, f"run-{run}", Cohort(), page_size=500, max_rows=500)
+        # A history: one finished attempt for every delivery.
+        conn.execute(
+            """
+            INSERT INTO delivery_attempt (delivery_id, attempt_no, destination_id, lease_token, finished_at, outcome)
+            SELECT delivery_id, 1, destination_id, gen_random_uuid(), now(), 'retryable' FROM webhook_delivery
+            """
+        )
+        conn.execute("VACUUM ANALYZE")
+        yield conn
+    drop_database(server_url, name)
+
+
+def _ids(n: int) -> list[str]:
+    return [f"d-cdn-{i}" for i in range(1, n + 1)]
+
+
+def _outcomes(leased: Iterable[tuple[str, uuid.UUID]]) -> dict:
+    now = time.monotonic()
+    return {
+        "outcomes": outcomes_document(
+            [
+                Outcome(
+                    Lease(d, f"{d}:1", token, 1, 1, b""),
+                    "success",
+                    200,
+                    None,
+                    None,
+                    0.0,
+                    None,
+                    now,
+                )
+                for d, token in leased
+            ]
+        )
+    }
+
+
+STATEMENTS = {
+    "claim_due_page": lambda: {"run_id": "r", "page_size": 250, **Cohort().params()},
+    "plan_batches": lambda: {"run_id": "run-1", "batch_size": 1000},
+    "claim_destination_page": lambda: {
+        "run_id": "r",
+        "destination_id": "cdn",
+        "page_size": 250,
+        **Cohort().params(),
+    },
+    "due_destinations": lambda: Cohort().params(),
+    "publish_messages": lambda: {"message_ids": [f"{i}:1" for i in _ids(100)]},
+    "publish_page": lambda: {
+        "run_id": "run-1",
+        "destination_id": "cdn",
+        "after_message_id": "",
+        "last_message_id": "~",
+        "page_size": 500,
+    },
+    "lease_deliveries": lambda: {
+        "run_id": "r",
+        "lease_seconds": 90,
+        "delivery_ids": _ids(100),
+        "message_ids": [f"{i}:1" for i in _ids(100)],
+    },
+    "record_outcomes": lambda: _outcomes((i, uuid.uuid4()) for i in _ids(100)),
+    "defer_deliveries": lambda: {
+        "delivery_ids": _ids(100),
+        "message_ids": [f"{i}:1" for i in _ids(100)],
+        "delay_seconds": 0.0,
+        "reason": "x",
+    },
+    "sweep_expired_leases": lambda: {"limit_rows": 1000},
+    "sweep_stale_enqueues": lambda: {"timeout_seconds": 3600, "limit_rows": 1000},
+    "release_run": lambda: {"run_id": "run-1"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(STATEMENTS))
+def test_hot_statement_uses_indexes(loaded, name):
+    statement = f"EXPLAIN (FORMAT JSON) {query(name)}"
+    (plan,) = loaded.execute(statement.encode(), STATEMENTS[name]()).fetchone()["QUERY PLAN"]
+    print(f"\n{name}:\n{json.dumps(plan['Plan'], indent=1)[:4000]}")
+    assert _seq_scans(plan["Plan"]) == []
+
+
+def _delivery_indexes(plan: dict) -> set[str]:
+    """How each node reads webhook_delivery: index names, or 'Seq Scan'. A bitmap heap scan
+    reads by the indexes of its bitmap index scans."""
+    found = set()
+    if plan.get("Relation Name") == "webhook_delivery" and "Scan" in plan["Node Type"]:
+        if plan["Node Type"] == "Bitmap Heap Scan":
+            return _bitmap_indexes(plan)
+        found.add(plan.get("Index Name") or plan["Node Type"])
+    for child in plan.get("Plans", []):
+        found |= _delivery_indexes(child)
+    return found
+
+
+def _bitmap_indexes(plan: dict) -> set[str]:
+    found = {plan["Index Name"]} if plan.get("Node Type") == "Bitmap Index Scan" else set()
+    for child in plan.get("Plans", []):
+        found |= _bitmap_indexes(child)
+    return found
+
+
+@pytest.fixture(scope="module")
+def stale(server_url, template_name):
+    """Statistics taken while every delivery was pending; then all are claimed and half leased.
+
+    Right after a claim the planner believes almost nothing is enqueued or leased. A statement
+    that tests the state where it should look rows up by key would then walk the partial
+    state indexes, every enqueued or leased row once per row it wants (this made recording
+    outcomes 20 times slower per row in the delivery benchmark).
+    """
+    name = create_database(server_url, template=template_name)
+    with psycopg.connect(
+        with_database(server_url, name), autocommit=True, row_factory=dict_row
+    ) as conn:
+        conn.execute("ALTER TABLE webhook_delivery SET (autovacuum_enabled = false)")
+        add_destination(conn, "cdn")
+        add_deliveries(conn, "cdn", 20_000)
+        conn.execute("VACUUM ANALYZE webhook_delivery")
+        claim_due(conn, "run-1", Cohort(), page_size=5000)
+        offered = conn.execute(
+            "SELECT array_agg(delivery_id) AS d, array_agg(current_message_id) AS m FROM "
+            "(SELECT delivery_id, current_message_id FROM webhook_delivery ORDER BY delivery_id LIMIT 10000) AS half"
+        ).fetchone()
+        conn.execute(
+            "SELECT count(*) FROM media_hooks_lease_v1('run-1', %s, %s, 90)",
+            (offered["d"], offered["m"]),
+        )
+        yield conn
+    drop_database(server_url, name)
+
+
+def test_outcomes_are_recorded_by_key_whatever_the_statistics_say(stale):
+    leased = stale.execute(
+        "SELECT delivery_id, lease_token FROM webhook_delivery WHERE state = 'leased' LIMIT 25"
+    ).fetchall()
+    params = _outcomes((r["delivery_id"], r["lease_token"]) for r in leased)
+    statement = f"EXPLAIN (FORMAT JSON) {query('record_outcomes')}"
+    (plan,) = stale.execute(statement.encode(), params).fetchone()["QUERY PLAN"]
+    assert _delivery_indexes(plan["Plan"]) == {"webhook_delivery_pkey"}
+
+
+@contextmanager
+def _explaining(conn: psycopg.Connection) -> Iterator[list[dict]]:
+    """auto_explain's plans of what runs inside, nested statements included (the lease runs
+    inside media_hooks_lease_v1, where EXPLAIN cannot see)."""
+    plans: list[dict] = []
+
+    def collect(diagnostic: psycopg.errors.Diagnostic) -> None:
+        text = diagnostic.message_primary or ""
+        if "plan:" in text:
+            plans.append(json.loads(text.split("plan:", 1)[1]))
+
+    conn.add_notice_handler(collect)
+    try:
+        with conn.transaction(force_rollback=True):  # the settings and the leases roll back
+            for setting in (
+                "LOAD 'auto_explain'",
+                "SET LOCAL auto_explain.log_min_duration = 0",
+                "SET LOCAL auto_explain.log_nested_statements = on",
+                "SET LOCAL auto_explain.log_format = json",
+                "SET LOCAL auto_explain.log_level = notice",
+                "SET LOCAL client_min_messages = notice",
+            ):
+                conn.execute(setting)
+            yield plans
+    finally:
+        conn.remove_notice_handler(collect)
+
+
+def _lease_indexes(conn: psycopg.Connection, offered: list[dict]) -> tuple[int, set[str]]:
+    """Lease ``offered`` (rolled back); how many were leased and how the lease read deliveries."""
+    with _explaining(conn) as plans:
+        leased = conn.execute(
+            query("lease_deliveries"),
+            {
+                "run_id": "run-2",
+                "lease_seconds": 90,
+                "delivery_ids": [r["delivery_id"] for r in offered],
+                "message_ids": [r["current_message_id"] for r in offered],
+            },
+        ).fetchall()
+    # The lease itself, and the ending of expired leases it runs when it could not lease all.
+    nested = [
+        p
+        for p in plans
+        if "WITH wanted AS" in p.get("Query Text", "")
+        or "WITH ending AS" in p.get("Query Text", "")
+    ]
+    assert nested, [p.get("Query Text", "")[:80] for p in plans]
+    return len(leased), {i for p in nested for i in _delivery_indexes(p["Plan"])}
+
+
+def _enqueued(conn: psycopg.Connection) -> list[dict]:
+    return conn.execute(
+        "SELECT delivery_id, current_message_id FROM webhook_delivery WHERE state = 'enqueued' LIMIT 4"
+    ).fetchall()
+
+
+def test_the_lease_looks_deliveries_up_by_key_whatever_the_statistics_say(stale):
+    assert _lease_indexes(stale, _enqueued(stale)) == (4, {"webhook_delivery_pkey"})
+
+
+def test_a_takeover_looks_deliveries_up_by_key_whatever_the_statistics_say(stale):
+    """A re-offered message whose lease expired: the lease ends it first (migration 0005)."""
+    leased = stale.execute(
+        "SELECT delivery_id, current_message_id FROM webhook_delivery WHERE state = 'leased' "
+        "ORDER BY delivery_id LIMIT 4"
+    ).fetchall()
+    with _explaining(stale) as plans:
+        stale.execute(
+            "UPDATE webhook_delivery SET lease_until = now() - interval '1 second' "
+            "WHERE delivery_id = ANY (%s)",
+            ([r["delivery_id"] for r in leased],),
+        )
+        taken = stale.execute(
+            query("lease_deliveries"),
+            {
+                "run_id": "run-2",
+                "lease_seconds": 90,
+                "delivery_ids": [r["delivery_id"] for r in leased],
+                "message_ids": [r["current_message_id"] for r in leased],
+            },
+        ).fetchall()
+    ending = [p for p in plans if "WITH ending AS" in p.get("Query Text", "")]
+    assert len(taken) == 4 and ending
+    assert {i for p in ending for i in _delivery_indexes(p["Plan"])} == {"webhook_delivery_pkey"}
+
+
+def test_a_lease_plan_made_while_the_table_was_empty_stays_a_key_lookup(server_url, template_name):
+    """The lease is planned once per session. Made while the table was empty, when a scan looks
+    cheapest, the plan must still look deliveries up by key once the table is large."""
+    name = create_database(server_url, template=template_name)
+    try:
+        with psycopg.connect(
+            with_database(server_url, name), autocommit=True, row_factory=dict_row
+        ) as conn:
+            conn.execute("ALTER TABLE webhook_delivery SET (autovacuum_enabled = false)")
+            add_destination(conn, "cdn")
+            offered = [{"delivery_id": "none", "current_message_id": "none:1"}]
+            assert _lease_indexes(conn, offered)[0] == 0  # the session's plan is made here
+            add_deliveries(conn, "cdn", 20_000)
+            claim_due(conn, "run-1", Cohort(), page_size=5000)
+            assert _lease_indexes(conn, _enqueued(conn)) == (4, {"webhook_delivery_pkey"})
+    finally:
+        drop_database(server_url, name)
+
+
+def _check_parameters() -> dict:
+    return {
+        "since": "2000-01-01T00:00:00Z",
+        "lease_margin_seconds": 600.0,
+        "hold_seconds": 90.0,
+        "clock_slack_seconds": 5.0,
+    }
+
+
+CHECK_STATEMENTS = sorted(
+    n
+    for n in queries()
+    if n.startswith("check_") and n not in ("check_clock", "check_through_indexes")
+)
+
+
+@pytest.mark.parametrize("name", CHECK_STATEMENTS)
+def test_the_default_check_reads_through_indexes(loaded, name):
+    """`media-hooks check` without --all: every statement reads the big tables through an
+    index, with the settings the check runs under (media_hooks.observe.checks.run)."""
+    with loaded.transaction(force_rollback=True):
+        loaded.execute("SET LOCAL enable_seqscan = off")
+        statement = f"EXPLAIN (FORMAT JSON) {query(name)}"
+        (plan,) = loaded.execute(statement.encode(), _check_parameters()).fetchone()["QUERY PLAN"]
+    print(f"\n{name}:\n{json.dumps(plan['Plan'], indent=1)[:4000]}")
+    assert _seq_scans(plan["Plan"]) == []
+
+
+def _sorts_of_deliveries(plan: dict) -> list[str]:
+    """Sort nodes above a read of webhook_delivery: a claim that sorts reads every due row of
+    its destination before it returns the first."""
+    found = []
+    if plan.get("Node Type") in ("Sort", "Incremental Sort") and _delivery_indexes(plan):
+        found.append(plan["Node Type"])
+    for child in plan.get("Plans", []):
+        found.extend(_sorts_of_deliveries(child))
+    return found
+
+
+def _planned_by_index(conn: psycopg.Connection, name: str, params: dict) -> dict:
+    """The plan of ``name`` as the reconciler runs it: after plan_by_index, in its transaction."""
+    with conn.transaction(force_rollback=True):
+        conn.execute(query("plan_by_index"))
+        statement = f"EXPLAIN (FORMAT JSON) {query(name)}"
+        (plan,) = conn.execute(statement.encode(), params).fetchone()["QUERY PLAN"]
+    return plan
+
+
+@pytest.fixture(scope="module")
+def unanalyzed(server_url, template_name):
+    """A freshly loaded backlog that ANALYZE has never seen (autovacuum off): the statistics
+    a bulk load leaves until autovacuum comes round, if it ever does (issue 13)."""
+    name = create_database(server_url, template=template_name)
+    with psycopg.connect(
+        with_database(server_url, name), autocommit=True, row_factory=dict_row
+    ) as conn:
+        conn.execute("ALTER TABLE webhook_delivery SET (autovacuum_enabled = false)")
+        conn.execute("ALTER TABLE dispatch_outbox SET (autovacuum_enabled = false)")
+        for n in range(5):
+            add_destination(conn, f"pub-{n}")
+            add_deliveries(conn, f"pub-{n}", 20_000 if n == 0 else 2_000)
+        # An ordered destination's backlog as the bulk emit records it (its held rows parked).
+        add_destination(conn, "pub-ordered", ordering="asset")
+        emit_many(
+            conn,
+            (Event("pub-ordered", f"a-{g % 2000}", "t", {"n": g}) for g in range(8_000)),
+        )
+        yield conn
+    drop_database(server_url, name)
+
+
+@pytest.mark.parametrize("destination", ["pub-0", "pub-4", "pub-ordered"])
+def test_a_destination_claims_by_its_index_whatever_the_statistics_say(unanalyzed, destination):
+    """Each destination's claim reads its own due rows in index order: no sequential scan, no
+    sort, no other destination's rows, with or without statistics."""
+    params = {"run_id": "r", "destination_id": destination, "page_size": 250, **Cohort().params()}
+    plan = _planned_by_index(unanalyzed, "claim_destination_page", params)
+    assert _seq_scans(plan["Plan"]) == []
+    assert _sorts_of_deliveries(plan["Plan"]) == []
+    assert "webhook_delivery_due_by_destination" in _delivery_indexes(plan["Plan"])
+
+
+def test_due_destinations_probe_the_index_whatever_the_statistics_say(unanalyzed):
+    plan = _planned_by_index(unanalyzed, "due_destinations", Cohort().params())
+    assert _seq_scans(plan["Plan"]) == []
+    assert _delivery_indexes(plan["Plan"]) == {"webhook_delivery_due_by_destination"}
+
+
+def test_the_reconciler_reads_the_due_index_in_order_whatever_the_statistics_say(unanalyzed):
+    """claim_due of the whole outbox, page after page: each page reads the due index in order
+    and stops at its page (without statistics the planner read every due row, then sorted)."""
+    with _explaining(unanalyzed) as plans:
+        claimed = claim_due(unanalyzed, "r", Cohort(), page_size=250, max_rows=500)
+    pages = [p for p in plans if "INSERT INTO dispatch_outbox" in p.get("Query Text", "")]
+    assert (claimed.claimed, len(pages)) == (500, 2)
+    for page in pages:
+        assert _seq_scans(page["Plan"]) == []
+        assert _sorts_of_deliveries(page["Plan"]) == []
+        assert "webhook_delivery_due" in _delivery_indexes(page["Plan"])
+
+
+@pytest.fixture(scope="module")
+def ordered(server_url, template_name):
+    """A destination ordering by asset with a backlog recorded by the bulk emit: 5,000 assets,
+    4 revisions each, the later three born parked (migration 0013)."""
+    name = create_database(server_url, template=template_name)
+    with psycopg.connect(
+        with_database(server_url, name), autocommit=True, row_factory=dict_row
+    ) as conn:
+        add_destination(conn, "pub", ordering="asset")
+        emit_many(
+            conn,
+            (Event("pub", f"asset-{g % 5000}", "rights.updated", {"n": g}) for g in range(20_000)),
+        )
+        conn.execute("VACUUM ANALYZE")
+        yield conn
+    drop_database(server_url, name)
+
+
+_EMITTED = {
+    "asset_id": "asset-1",
+    "event_type": "rights.updated",
+    "payload": "{}",
+    "body_head": b"{",
+    "body_tail": b"}",
+}
+ORDERED_STATEMENTS = {
+    "claim_due_page": STATEMENTS["claim_due_page"],
+    "claim_destination_page": lambda: {
+        "run_id": "r",
+        "destination_id": "pub",
+        "page_size": 250,
+        **Cohort().params(),
+    },
+    "sweep_wake_parked_heads": lambda: {
+        "after_destination": "",
+        "after_asset": "",
+        "limit_rows": 1000,
+    },
+    "emit_one": lambda: {**_EMITTED, "destination_id": "pub", "delivery_id": "new-1"},
+    "emit_event_one": lambda: {**_EMITTED, "event_id": "ev-1"},
+    "emit_staging_insert": dict,
+    "destination_park_held": lambda: {"destination_id": "pub"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(ORDERED_STATEMENTS))
+def test_ordered_statements_use_indexes(ordered, name):
+    """The statements that claim, record and wake the deliveries of an ordered destination read
+    its asset queues by index (webhook_delivery_asset_queue, webhook_delivery_parked)."""
+    with ordered.transaction(force_rollback=True):
+        ordered.execute(query("emit_staging_create"))
+        statement = f"EXPLAIN (FORMAT JSON) {query(name)}"
+        (plan,) = ordered.execute(statement.encode(), ORDERED_STATEMENTS[name]()).fetchone()[
+            "QUERY PLAN"
+        ]
+    print(f"\n{name}:\n{json.dumps(plan['Plan'], indent=1)[:6000]}")
+    assert _seq_scans(plan["Plan"]) == []
+    assert "webhook_delivery_asset_queue" in _every_index(plan["Plan"])
+    if name == "sweep_wake_parked_heads":
+        assert "webhook_delivery_parked" in _every_index(plan["Plan"])
+
+
+def _every_index(plan: dict) -> set[str]:
+    """Every index a plan reads, its subplans' included."""
+    found = {plan["Index Name"]} if "Index Name" in plan else set()
+    for child in plan.get("Plans", []):
+        found |= _every_index(child)
+    return found

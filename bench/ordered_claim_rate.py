@@ -4,8 +4,9 @@ with ``--ordering asset`` against the same backlog on a plain destination, in th
 The backlog is recorded the way a producer records it, through ``emit_many`` (the bulk emit
 path), so an ordered destination's held deliveries are born parked as in production (migration
 0013). Shapes (each run is a delivery run's reconciler step: the sweeps, among them the one that
-wakes a parked delivery left heading its queue, then ``claims.claim_due`` of the whole due
-backlog in pages of 250; timed together, in a fresh clone of the seeded database):
+wakes a parked delivery left heading its queue, then the claims of the whole due backlog as a
+delivery run makes them (each due destination's pages of 250); timed together, in a fresh clone
+of the seeded database):
 
 - ``distinct``: every delivery a different asset: every row is a queue head, so the ordered
   claim pays the rule's look-up on every row and claims all of them.
@@ -35,7 +36,7 @@ import psycopg
 
 from bench.scratch import Scratch, postgres, server_url, write_results
 from media_hooks.core.config import Settings
-from media_hooks.outbox.claims import claim_due
+from media_hooks.outbox.claims import claim_destination_page, due_destinations
 from media_hooks.outbox.cohort import Cohort
 from media_hooks.outbox.emit import Event, emit_many
 from media_hooks.outbox.maintenance import sweeps
@@ -73,15 +74,24 @@ def _seeder(ordering: str, rows: int, per_asset: int) -> Callable[[str], None]:
     return seed
 
 
+def _claimed(conn: psycopg.Connection, run_id: str) -> int:
+    """A delivery run's claims: each due destination's pages of 250 until none is left."""
+    claimed = 0
+    for destination_id in due_destinations(conn, Cohort()):
+        while page := claim_destination_page(conn, run_id, destination_id, Cohort(), 250):
+            claimed += len(page)
+    return claimed
+
+
 def _claim_all(url: str) -> dict[str, float]:
     """A run's reconciler step: the sweeps that precede its claims (they park held deliveries),
     then the claim of the whole due backlog."""
     with psycopg.connect(url, autocommit=True, row_factory=psycopg.rows.dict_row) as conn:
         started = time.perf_counter()
         sweeps.run_sweeps(conn, Settings.from_env())
-        figures = claim_due(conn, "bench-run", Cohort(), page_size=250)
+        claimed = _claimed(conn, "bench-run")
         seconds = time.perf_counter() - started
-    return {"claimed": figures.claimed, "seconds": seconds, "per_second": figures.claimed / seconds}
+    return {"claimed": claimed, "seconds": seconds, "per_second": claimed / seconds}
 
 
 def _drain(url: str) -> dict[str, float]:
@@ -95,11 +105,11 @@ def _drain(url: str) -> dict[str, float]:
         while True:
             started = time.perf_counter()
             sweeps.run_sweeps(conn, settings)
-            figures = claim_due(conn, f"bench-run-{passes}", Cohort(), page_size=250)
+            step = _claimed(conn, f"bench-run-{passes}")
             seconds += time.perf_counter() - started
-            if not figures.claimed:
+            if not step:
                 break
-            claimed += figures.claimed
+            claimed += step
             passes += 1
             conn.execute("UPDATE webhook_delivery SET state = 'succeeded' WHERE state = 'enqueued'")
     return {

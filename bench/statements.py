@@ -30,7 +30,7 @@ from bench.scratch import (
     write_results,
 )
 from media_hooks.outbox import leases
-from media_hooks.outbox.claims import claim_due, plan_batches
+from media_hooks.outbox.claims import claim_destination_page
 from media_hooks.outbox.cohort import Cohort
 from media_hooks.outbox.leases import Lease, Message, Outcome
 
@@ -67,23 +67,18 @@ def main() -> None:
             messages: list[Message] = []
             taken: list[Lease] = []
 
+            pages: list[list[Message]] = []
+
             def claim() -> int:
-                return claim_due(conn, "run-1", Cohort(), page_size=1000).pages
+                while page := claim_destination_page(conn, "run-1", "dest-1", Cohort(), 1000):
+                    pages.append(page)
+                return len(pages) + 1
 
             def publish() -> int:
-                (batch,) = plan_batches(conn, "run-1", batch_size=rows)
-                after, calls = "", 0
-                while page := leases.publish_page(
-                    conn,
-                    run_id="run-1",
-                    destination_id=batch.destination_id,
-                    after_message_id=after,
-                    last_message_id=batch.last_message_id,
-                    page_size=1000,
-                ):
+                for page in pages:
+                    leases.publish_messages(conn, page)
                     messages.extend(page)
-                    after, calls = page[-1].message_id, calls + 1
-                return calls
+                return len(pages)
 
             def lease() -> int:
                 slots: list[int] = []

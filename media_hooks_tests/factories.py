@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import psycopg
 from psycopg import sql
+
+from media_hooks.outbox.claims import ClaimFigures, claim_destination_page, due_destinations
+from media_hooks.outbox.cohort import Cohort
+from media_hooks.outbox.leases import Message, publish_messages
 
 
 def add_destination(
@@ -92,3 +97,41 @@ def states(conn: psycopg.Connection) -> dict[str, int]:
 
 def body_json(row: dict) -> dict:
     return json.loads(bytes(row["body"]))
+
+
+def claim_all(
+    conn: psycopg.Connection,
+    run_id: str,
+    cohort: Cohort | None = None,
+    *,
+    page_size: int = 250,
+    max_rows: int | None = None,
+) -> ClaimFigures:
+    """Claims a cohort's due deliveries for ``run_id`` the way a delivery run does: each due
+    destination's pages (``claim_destination_page``) until one comes back short, at most
+    ``max_rows`` rows in all. The messages are not published (``claim_and_publish`` does)."""
+    cohort = cohort or Cohort()
+    claimed: Counter = Counter()
+    pages = 0
+    for destination_id in due_destinations(conn, cohort):
+        while max_rows is None or claimed.total() < max_rows:
+            size = page_size if max_rows is None else min(page_size, max_rows - claimed.total())
+            page = claim_destination_page(conn, run_id, destination_id, cohort, size)
+            pages += 1
+            claimed[destination_id] += len(page)
+            if len(page) < size:
+                break
+    return ClaimFigures(claimed=claimed.total(), pages=pages, by_destination=dict(+claimed))
+
+
+def claim_and_publish(
+    conn: psycopg.Connection, run_id: str, cohort: Cohort | None = None
+) -> list[Message]:
+    """Claims like ``claim_all`` and publishes the messages as a worker's relay does."""
+    cohort = cohort or Cohort()
+    messages: list[Message] = []
+    for destination_id in due_destinations(conn, cohort):
+        while page := claim_destination_page(conn, run_id, destination_id, cohort, 250):
+            publish_messages(conn, page)
+            messages += page
+    return messages

@@ -8,12 +8,12 @@ import time
 
 import psycopg
 
-from media_hooks.outbox import claims, leases, rate_limits
+from media_hooks.outbox import leases, rate_limits
 from media_hooks.outbox.cohort import Cohort
 from media_hooks.outbox.destinations import disable_destination
 from media_hooks.outbox.leases import Lease, Outcome
 from media_hooks.outbox.maintenance.requeue import requeue
-from media_hooks_tests.factories import add_deliveries, add_destination
+from media_hooks_tests.factories import add_deliveries, add_destination, claim_and_publish
 
 RUN = "run-prepared-1"
 LONG_LEASE = 300.0
@@ -54,16 +54,7 @@ def prepare(conn: psycopg.Connection) -> dict[str, str]:
     for name in ("alpha", "beta", "gamma"):
         add_destination(conn, name, f"http://127.0.0.1:9/{name}")
     ids = add_deliveries(conn, "alpha", 7, prefix="a")
-    claims.claim_due(conn, RUN, Cohort(destination_ids=("alpha",)))
-    (batch,) = claims.plan_batches(conn, RUN)
-    published = leases.publish_page(
-        conn,
-        run_id=RUN,
-        destination_id="alpha",
-        after_message_id="",
-        last_message_id=batch.last_message_id,
-        page_size=100,
-    )
+    published = claim_and_publish(conn, RUN, Cohort(destination_ids=("alpha",)))
     by_id = {m.delivery_id: m for m in published}
     held = leases.lease(conn, RUN, [by_id[i] for i in ids[:4]] + [by_id[ids[6]]], LONG_LEASE)
     (short,) = leases.lease(conn, RUN, [by_id[ids[4]]], SHORT_LEASE)

@@ -8,13 +8,13 @@ import json
 import psycopg
 
 from media_hooks.devtools.receiver import Receiver
-from media_hooks.outbox.claims import claim_due
 from media_hooks.outbox.cohort import Cohort
+from media_hooks_tests.factories import claim_all
 
 
 def claimed(conn: psycopg.Connection, run_id: str) -> set[str]:
     """The delivery ids a reconciler run claims now."""
-    claim_due(conn, run_id, Cohort())
+    claim_all(conn, run_id, Cohort())
     rows = conn.execute("SELECT delivery_id FROM dispatch_outbox WHERE run_id = %s", (run_id,))
     return {r["delivery_id"] for r in rows}
 

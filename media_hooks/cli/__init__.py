@@ -1,4 +1,4 @@
-"""``media-hooks``: the command line (CONTRACT.md, "Command line").
+"""``media-hooks``: the command line (docs/contract.md, "Command line").
 
 Each command is a module ``media_hooks/cli/NAME_commands.py`` whose ``register(subparsers)``
 adds the command ``NAME``, found by name; a command line that names a command loads only that

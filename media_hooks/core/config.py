@@ -1,4 +1,4 @@
-"""Configuration from the environment (CONTRACT.md, "Configuration").
+"""Configuration from the environment (docs/contract.md, "Configuration").
 
 Every number is checked where it is read (``media_hooks.core.numeric``): finite, in its documented
 range, or one clear error naming the variable; nothing odd reaches a worker or PostgreSQL.

@@ -1,4 +1,4 @@
-"""Identifiers users choose: ``delivery_id`` and destination ids (CONTRACT.md, "Identifiers").
+"""Identifiers users choose: ``delivery_id`` and destination ids (docs/contract.md, "Identifiers").
 
 1–200 characters of ASCII letters, digits, ``_``, ``-`` and ``:``. No ``.``: Standard Webhooks
 reserves it. The schema holds the same rule as a check constraint; checking here first turns a

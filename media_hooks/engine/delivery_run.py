@@ -16,12 +16,8 @@ from dataclasses import dataclass
 from psycopg_pool import ConnectionPool
 
 from media_hooks.core.config import Settings
-from media_hooks.engine.delivery import (
-    DeliveryCounts,
-    DestinationResult,
-    deliver_destinations,
-    tally,
-)
+from media_hooks.engine.counts import DeliveryCounts, DestinationResult, tally
+from media_hooks.engine.delivery import deliver_destinations
 from media_hooks.outbox.claims import ClaimFigures, due_destinations
 from media_hooks.outbox.cohort import Cohort
 from media_hooks.outbox.maintenance import sweeps

@@ -1,4 +1,5 @@
-"""CONTRACT.md's outcome table as code: what a receiver's answer (or its silence) means.
+"""The contract's outcome table (docs/contract.md) as code: what a receiver's answer (or its
+silence) means.
 
 | receiver answer                                      | outcome        |
 |------------------------------------------------------|----------------|
@@ -13,7 +14,7 @@
 | other 4xx, 3xx                                       | rejected       |
 
 Failures before any byte of the request left are ``retryable``: the receiver cannot have acted.
-A forbidden peer address is a configuration fault, not a delivery failure (CONTRACT.md,
+A forbidden peer address is a configuration fault, not a delivery failure (docs/contract.md,
 "Outcomes"): the destination's address is one this worker may not reach (it resolves to a
 private address, or the worker runs without the MEDIA_HOOKS_ALLOW_PRIVATE_URLS=1 it was added
 with). The attempt is recorded as ``retryable`` with the guard's words, and the worker disables

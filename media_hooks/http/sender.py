@@ -1,4 +1,5 @@
-"""One destination's HTTP sender: the request exactly as CONTRACT.md says, and its outcome.
+"""One destination's HTTP sender: the request exactly as the contract says (docs/contract.md),
+and its outcome.
 
 A ``Sender`` owns one aiohttp session, a pool of at most ``max_in_flight`` keep-alive
 connections, for one destination URL. Its requests run on a ``SendLoop`` that the whole

@@ -1,4 +1,4 @@
-"""Standard Webhooks signatures (CONTRACT.md, "The HTTP request a receiver gets").
+"""Standard Webhooks signatures (docs/contract.md, "The HTTP request a receiver gets").
 
 A request is signed with every active secret (several during a rotation): the
 ``webhook-signature`` header is space-separated ``v1,<base64 HMAC-SHA256>`` entries over

@@ -1,5 +1,5 @@
-"""Is anything inconsistent? The DESIGN.md invariants that can be seen in the tables, checked
-on a live database (``media-hooks check``).
+"""Is anything inconsistent? The invariants (docs/architecture.md) that can be seen in the
+tables, checked on a live database (``media-hooks check``).
 
 Every check is one read-only statement of ``sql/queries/checks.sql`` returning how many rows
 break its invariant and up to five of their ids. They all run in one READ ONLY REPEATABLE READ
@@ -33,7 +33,7 @@ CLOCK_SLACK_SECONDS = 5.0
 @dataclass(frozen=True)
 class Check:
     name: str
-    # What must hold, in an operator's words, with the DESIGN.md invariant it shows.
+    # What must hold, in an operator's words, with the invariant (docs/architecture.md) it shows.
     invariant: str
 
 

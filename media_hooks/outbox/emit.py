@@ -12,7 +12,7 @@ On a destination that orders by asset, a delivery held behind an earlier open on
 (in the producer's snapshot, or earlier in the same call) is recorded parked, by reading only:
 no lock is taken on an existing row and no worker is waited for (sql/queries/emit.sql).
 
-The request body (CONTRACT.md, "The HTTP request a receiver gets") is serialized here, once,
+The request body (docs/contract.md, "The HTTP request a receiver gets") is serialized here, once,
 and stored with the delivery: every attempt sends the same bytes. Its ``timestamp`` is the
 delivery's ``created_at``: the database's ``now()`` of the producer's transaction, stamped into
 the body by the recording statement, so every stored time the protocol compares comes from one
@@ -250,7 +250,7 @@ def _derived_id(destination_id: str, event_type: str, asset_id: str, payload_jso
 def derive_delivery_id(destination_id: str, event_type: str, asset_id: str, payload: dict) -> str:
     """The delivery_id of an event that was given none: the same event gives the same id, so a
     producer that emits an event twice (a retry, a replayed batch) records it once. A payload
-    revision is a different event and gets a different id (DESIGN.md, invariant 2)."""
+    revision is a different event and gets a different id (docs/architecture.md, invariant 2)."""
     return _derived_id(destination_id, event_type, asset_id, _payload_json(payload))
 
 

@@ -69,30 +69,6 @@ class LeaseStep:
     leases: list[Lease]
 
 
-def publish_page(
-    conn: psycopg.Connection,
-    *,
-    run_id: str,
-    destination_id: str,
-    after_message_id: str,
-    last_message_id: str,
-    page_size: int,
-) -> list[Message]:
-    rows = conn.execute(
-        query("publish_page"),
-        {
-            "run_id": run_id,
-            "destination_id": destination_id,
-            "after_message_id": after_message_id,
-            "last_message_id": last_message_id,
-            "page_size": page_size,
-        },
-    ).fetchall()
-    return sorted(
-        (Message(r["message_id"], r["delivery_id"]) for r in rows), key=lambda m: m.message_id
-    )
-
-
 def publish_messages(conn: psycopg.Connection, messages: list[Message]) -> None:
     """Mark messages a worker claimed itself as handed to its sender."""
     if messages:

@@ -1,4 +1,4 @@
-"""Global per-destination rate limits, kept in PostgreSQL (DESIGN.md, "Shape").
+"""Global per-destination rate limits, kept in PostgreSQL (docs/architecture.md).
 
 Two ceilings hold across every process and run at once:
 

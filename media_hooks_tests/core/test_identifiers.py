@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from media_hooks.core.errors import UserError
 from media_hooks.core.identifiers import MAX_IDENTIFIER_LENGTH, validate_identifier
 
-# CONTRACT.md, "Identifiers": 1–200 characters of letters, digits, `_`, `-` and `:`.
+# docs/contract.md, "Identifiers": 1–200 characters of letters, digits, `_`, `-` and `:`.
 CONTRACT = re.compile(r"[A-Za-z0-9_:-]{1,200}")
 ALPHABET = "abcXYZ019_:-"
 CANDIDATES = st.one_of(

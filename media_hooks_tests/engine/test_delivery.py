@@ -13,13 +13,14 @@ import psycopg
 import pytest
 
 from media_hooks.devtools.receiver import Receiver, Reply, by_attempt
-from media_hooks.engine import delivery as delivery_module
-from media_hooks.engine.delivery import DeliveryCounts, deliver_batch
+from media_hooks.engine.counts import DeliveryCounts
+from media_hooks.engine.delivery import deliver_destination
 from media_hooks.engine.delivery_run import deliver_due
+from media_hooks.engine.pages import DuePages, RowBudget
+from media_hooks.engine.worker import DestinationWorker
 from media_hooks.http.sender import Sender
 from media_hooks.observe import figures
-from media_hooks.outbox import leases, rate_limits
-from media_hooks.outbox.claims import claim_due, plan_batches
+from media_hooks.outbox import claims, leases, rate_limits
 from media_hooks.outbox.cohort import Cohort
 from media_hooks.outbox.destinations import (
     DestinationSpec,
@@ -271,11 +272,12 @@ def test_a_rate_bound_worker_asks_for_a_burst_at_a_time_and_stays_within_the_env
 
 
 def _deliver_in_pages(conn, pool, settings, page_size: int) -> DeliveryCounts:
-    """Claim everything due for run-1 and deliver its one batch, the relay handing over pages
-    of ``page_size`` messages."""
-    claim_due(conn, "run-1", Cohort())
-    (batch,) = plan_batches(conn, "run-1")
-    return deliver_batch(pool, "run-1", batch, settings, page_size=page_size)
+    """Deliver everything due to ``cdn`` for run-1 as a delivery run does, its worker claiming
+    pages of ``page_size`` messages as it runs out."""
+    budget = RowBudget(None)
+    return deliver_destination(
+        pool, "run-1", "cdn", settings, cohort=Cohort(), budget=budget, claim_page_size=page_size
+    ).counts
 
 
 def _open_attempts(conn) -> int:
@@ -347,7 +349,8 @@ def _fail_on_call(monkeypatch, owner, name: str, call: int) -> None:
 
 # stage -> (module or class, function, the call that fails, receiver's answer)
 STAGES = {
-    "relay": (leases, "publish_page", 2, Reply()),
+    "claim": (claims, "claim_destination_page", 2, Reply()),
+    "publish": (leases, "publish_messages", 2, Reply()),
     "lease": (leases, "lease_with_permits", 2, Reply()),
     "record": (leases, "record", 1, Reply()),
     "signals": (
@@ -421,7 +424,7 @@ def test_an_exception_while_a_start_granted_ahead_waits_hands_its_permit_back(
     # delivery's start is granted well before its moment, however busy the host.
     monkeypatch.setattr(rate_limits, "AHEAD_SECONDS", 0.5)
     waits: list[float] = []
-    wait_for_start = delivery_module._BatchWorker._wait_for_start
+    wait_for_start = DestinationWorker._wait_for_start
 
     def failing(worker, start_at: float) -> bool:
         waits.append(start_at - time.monotonic())
@@ -429,7 +432,7 @@ def test_an_exception_while_a_start_granted_ahead_waits_hands_its_permit_back(
             raise Injected("injected while waiting for a start")
         return wait_for_start(worker, start_at)
 
-    monkeypatch.setattr(delivery_module._BatchWorker, "_wait_for_start", failing)
+    monkeypatch.setattr(DestinationWorker, "_wait_for_start", failing)
     with Receiver() as receiver:
         add_destination(conn, "cdn", url=receiver.url, max_in_flight=2, rate_per_second=1, burst=1)
         add_deliveries(conn, "cdn", 2)
@@ -561,7 +564,8 @@ def test_a_destination_disabled_mid_batch_stops_at_once(conn, pool, settings, da
             add_deliveries(conn, "cdn", 10)
             report = _deliver_in_pages(conn, pool, settings, 5)
     assert receiver.request_count == 3
-    assert (report.succeeded, report.deferred) == (3, 7)
+    # The rest of the page it was disabled in is handed back; the next page is never claimed.
+    assert (report.succeeded, report.deferred) == (3, 2)
     assert states(conn) == {"succeeded": 3, "pending": 7}
 
 
@@ -667,7 +671,7 @@ def test_a_stopped_run_hands_back_what_it_holds_at_once(conn, pool, settings):
     assert [r["wait_reason"] for r in waiting] == ["due again: run run-1 was stopped"]
 
 
-class _AskCountingBudget(delivery_module.RowBudget):
+class _AskCountingBudget(RowBudget):
     """A run's row budget that signals the second time a worker asks it for rows."""
 
     def __init__(self, rows: int) -> None:
@@ -693,7 +697,7 @@ def test_a_worker_asking_while_a_claim_runs_gets_what_that_claim_hands_back(
         add_deliveries(conn, name, count)
     budget = _AskCountingBudget(4)
     beta_claiming = threading.Event()
-    claim = delivery_module.claims.claim_destination_page
+    claim = claims.claim_destination_page
 
     def beta_paused_until_alpha_asks(claim_conn, run_id, destination_id, cohort, size):
         if destination_id == "beta":
@@ -701,12 +705,8 @@ def test_a_worker_asking_while_a_claim_runs_gets_what_that_claim_hands_back(
             assert budget.second_ask.wait(15), "alpha never asked for rows"
         return claim(claim_conn, run_id, destination_id, cohort, size)
 
-    monkeypatch.setattr(
-        delivery_module.claims, "claim_destination_page", beta_paused_until_alpha_asks
-    )
-    pages = {
-        d: delivery_module.DuePages("run-1", d, Cohort(), 100, budget) for d in ("alpha", "beta")
-    }
+    monkeypatch.setattr(claims, "claim_destination_page", beta_paused_until_alpha_asks)
+    pages = {d: DuePages("run-1", d, Cohort(), 100, budget) for d in ("alpha", "beta")}
     with pool.connection() as beta_conn, pool.connection() as alpha_conn:
         with in_background(lambda: pages["beta"].next_page(beta_conn)) as beta:
             assert beta_claiming.wait(15)

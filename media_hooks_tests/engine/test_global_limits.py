@@ -7,30 +7,49 @@ import subprocess
 import sys
 
 from media_hooks.devtools.receiver import Receiver, Reply, scripted
-from media_hooks.outbox.claims import claim_due
 from media_hooks.outbox.cohort import Cohort
 from media_hooks_tests.conftest import REPO
-from media_hooks_tests.factories import add_deliveries, add_destination, states
+from media_hooks_tests.factories import add_deliveries, add_destination, claim_all, states
 
 # Each process delivers the run the test claimed for it, so both hold work before either
-# sends (a claim made after a pause would rightly leave the paused destination's rows alone).
+# sends (a claim made after a pause would rightly leave the paused destination's rows alone):
+# the production worker (deliver_pages) over a source that hands it that run's messages.
 RUN = """
 import sys
 from media_hooks.store import db
 from media_hooks.core.config import Settings
-from media_hooks.engine.delivery import deliver_batches
-from media_hooks.outbox.claims import plan_batches
+from media_hooks.engine.delivery import deliver_pages
+from media_hooks.outbox.leases import Message, publish_messages
+
+class Claimed:
+    destination_id = "cdn"
+
+    def __init__(self, run_id):
+        self.run_id, self.done = run_id, False
+
+    def next_page(self, conn):
+        if self.done:
+            return []
+        self.done = True
+        rows = conn.execute(
+            "SELECT message_id, delivery_id FROM dispatch_outbox WHERE run_id = %s "
+            "ORDER BY message_id", (self.run_id,)
+        ).fetchall()
+        page = [Message(row["message_id"], row["delivery_id"]) for row in rows]
+        publish_messages(conn, page)
+        return page
+
+    def stop(self):
+        self.done = True
+
 with db.open_pool(sys.argv[1]) as pool:
-    with pool.connection() as conn:
-        batches = plan_batches(conn, sys.argv[2])
-    for _, counts in deliver_batches(pool, sys.argv[2], batches, Settings.from_env()):
-        print(counts.as_dict())
+    print(deliver_pages(pool, sys.argv[2], Claimed(sys.argv[2]), Settings.from_env()).as_dict())
 """
 
 
 def _two_senders(conn, database_url: str, rows_each: int) -> list[subprocess.CompletedProcess]:
     for n in (1, 2):
-        assert claim_due(conn, f"run-{n}", Cohort(), max_rows=rows_each).claimed == rows_each
+        assert claim_all(conn, f"run-{n}", Cohort(), max_rows=rows_each).claimed == rows_each
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEDIA_HOOKS_")}
     env["MEDIA_HOOKS_ALLOW_PRIVATE_URLS"] = "1"
     procs = [

@@ -1,4 +1,5 @@
-"""CONTRACT.md's outcome table, row by row, as classification; and Retry-After parsing.
+"""The contract's outcome table (docs/contract.md), row by row, as classification; and
+Retry-After parsing.
 
 The same rows from a real receiver over HTTP are in test_sender.py.
 """

@@ -1,4 +1,5 @@
-"""The HTTP sender against a real receiver on 127.0.0.1: CONTRACT.md's request and outcomes."""
+"""The HTTP sender against a real receiver on 127.0.0.1: the contract's request and outcomes
+(docs/contract.md)."""
 
 from __future__ import annotations
 

@@ -11,10 +11,14 @@ import pytest
 
 from media_hooks.observe import checks
 from media_hooks.outbox import rate_limits
-from media_hooks.outbox.claims import claim_due
 from media_hooks.outbox.cohort import Cohort
-from media_hooks.outbox.leases import Outcome, lease, publish_page, record
-from media_hooks_tests.factories import add_deliveries, add_destination
+from media_hooks.outbox.leases import Outcome, lease, record
+from media_hooks_tests.factories import (
+    add_deliveries,
+    add_destination,
+    claim_all,
+    claim_and_publish,
+)
 
 
 def _finish(conn: psycopg.Connection, leases, outcome: str, status: int) -> None:
@@ -24,15 +28,7 @@ def _finish(conn: psycopg.Connection, leases, outcome: str, status: int) -> None
 
 def _send(conn: psycopg.Connection, run_id: str) -> dict:
     """Claim everything due into ``run_id`` and lease all of it: {delivery_id: lease}."""
-    claim_due(conn, run_id, Cohort())
-    messages = publish_page(
-        conn,
-        run_id=run_id,
-        destination_id="pub",
-        after_message_id="",
-        last_message_id="~",
-        page_size=100,
-    )
+    messages = claim_and_publish(conn, run_id)
     return {le.delivery_id: le for le in lease(conn, run_id, messages, 90)}
 
 
@@ -51,7 +47,7 @@ def history(conn) -> psycopg.Connection:
     again = _send(conn, "run-2")
     _finish(conn, [again["d-pub-3"]], "success", 200)
     add_deliveries(conn, "pub", 3, prefix="e")
-    claim_due(conn, "run-3", Cohort())
+    claim_all(conn, "run-3", Cohort())
     conn.execute(
         "INSERT INTO delivery_identity (delivery_id, destination_id, created_at, final_state)"
         " VALUES ('old-1', 'pub', now() - interval '40 days', 'succeeded')"

@@ -7,11 +7,15 @@ import json
 import pytest
 
 from media_hooks.observe import figures
-from media_hooks.outbox import claims, leases
 from media_hooks.outbox.cohort import Cohort
 from media_hooks.outbox.maintenance import sweeps
 from media_hooks.store.sqlfiles import query
-from media_hooks_tests.factories import add_deliveries, add_destination
+from media_hooks_tests.factories import (
+    add_deliveries,
+    add_destination,
+    claim_all,
+    claim_and_publish,
+)
 
 
 def _prepare(conn) -> None:
@@ -110,7 +114,7 @@ def test_relay_lag_counts_only_messages_still_waited_for(conn):
     pending and out through later dispatches. Their old messages are not lag."""
     add_destination(conn, "live", "http://127.0.0.1:9/live")
     ids = add_deliveries(conn, "live", 3)
-    claims.claim_due(conn, "killed", Cohort())
+    claim_all(conn, "killed", Cohort())
     conn.execute(
         "UPDATE dispatch_outbox SET created_at = now() - interval '40 minutes' "
         "WHERE run_id = 'killed'"
@@ -118,22 +122,14 @@ def test_relay_lag_counts_only_messages_still_waited_for(conn):
     assert figures.measure(conn).relay_lag_seconds == pytest.approx(2400, abs=5)
     assert sweeps.release_run(conn, "killed") == 3
     assert figures.measure(conn).relay_lag_seconds is None  # due again: the oldest due figure
-    claims.claim_due(conn, "next", Cohort())
-    leases.publish_page(
-        conn,
-        run_id="next",
-        destination_id="live",
-        after_message_id="",
-        last_message_id="~",
-        page_size=10,
-    )
+    claim_and_publish(conn, "next")
     conn.execute(
         "UPDATE webhook_delivery SET state = 'succeeded' WHERE delivery_id = ANY(%s)", (ids,)
     )
     assert figures.measure(conn).relay_lag_seconds is None
 
     add_deliveries(conn, "live", 1, prefix="fresh")
-    claims.claim_due(conn, "live-run", Cohort())
+    claim_all(conn, "live-run", Cohort())
     lag = figures.measure(conn).relay_lag_seconds
     assert lag is not None and lag < 60
 

@@ -37,10 +37,9 @@ from media_hooks.orchestration.jobs import deliver_webhooks
 from media_hooks.orchestration.recovery import RELEASED_TAG
 from media_hooks.orchestration.resources import DeliverySettingsResource, PostgresResource
 from media_hooks.orchestration.sensors import build_delivery_lag_sensor
-from media_hooks.outbox import claims
 from media_hooks.outbox.cohort import Cohort
 from media_hooks.outbox.emit import Event, emit
-from media_hooks_tests.factories import add_deliveries, add_destination, states
+from media_hooks_tests.factories import add_deliveries, add_destination, claim_all, states
 from media_hooks_tests.orchestration.conftest import hold_pool_slot, slot_holders
 
 lag_sensor = definitions.delivery_lag_sensor
@@ -211,7 +210,7 @@ def test_expired_leases_and_stale_enqueues_are_work(own_instance, database_url, 
         "UPDATE webhook_delivery SET state = 'succeeded', lease_until = NULL, lease_token = NULL"
     )
     add_deliveries(conn, "live", 3, prefix="q")
-    claims.claim_due(conn, "a-run-that-vanished", Cohort())
+    claim_all(conn, "a-run-that-vanished", Cohort())
     quick = DeliverySettingsResource(enqueue_timeout_seconds=60)
     assert _tick(own_instance, database_url, settings=quick).run_requests == []
     conn.execute(
@@ -272,7 +271,7 @@ def test_the_lag_sensor_fails_a_dead_run_frees_its_slots_and_catches_up_its_rows
     own_instance.create_run_for_job(
         deliver_webhooks_job(), run_id=run_id, tags=worker.tag(), status=DagsterRunStatus.STARTED
     )
-    claims.claim_due(conn, run_id, Cohort())
+    claim_all(conn, run_id, Cohort())
     storage = own_instance.event_log_storage
     hold_pool_slot(storage, run_id)
 
@@ -300,7 +299,7 @@ def test_a_live_run_is_left_alone(own_instance, database_url, conn):
     own_instance.create_run_for_job(
         deliver_webhooks_job(), run_id=run_id, tags=me.tag(), status=DagsterRunStatus.STARTED
     )
-    claims.claim_due(conn, run_id, Cohort())
+    claim_all(conn, run_id, Cohort())
     result = _tick(own_instance, database_url)
     assert own_instance.get_run_by_id(run_id).status == DagsterRunStatus.STARTED
     assert states(conn) == {"enqueued": 2}
@@ -372,8 +371,8 @@ def test_failure_sensor_releases_exactly_the_failed_runs_rows_and_frees_its_slot
         deliver_webhooks_job(), run_id=str(uuid.uuid4()), status=DagsterRunStatus.FAILURE
     )
     other = str(uuid.uuid4())
-    claims.claim_due(conn, failed.run_id, Cohort(destination_ids=("a",)))
-    claims.claim_due(conn, other, Cohort(destination_ids=("b",)))
+    claim_all(conn, failed.run_id, Cohort(destination_ids=("a",)))
+    claim_all(conn, other, Cohort(destination_ids=("b",)))
     storage = own_instance.event_log_storage
     for run_id in (failed.run_id, other):
         hold_pool_slot(storage, run_id)

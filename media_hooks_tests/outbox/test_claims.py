@@ -1,4 +1,5 @@
-"""The reconciler's claim: pages into the outbox, cohorts, and reconcilers running at once."""
+"""The reconciler's claim as a delivery run makes it (each due destination's pages,
+``claim_destination_page``): pages into the outbox, cohorts, and runs claiming at once."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 
-from media_hooks.outbox.claims import claim_due, plan_batches
+from media_hooks.outbox.claims import claim_destination_page, due_destinations
 from media_hooks.outbox.cohort import Cohort
 from media_hooks_tests.conftest import REPO
-from media_hooks_tests.factories import add_deliveries, add_destination, delivery, states
+from media_hooks_tests.factories import add_deliveries, add_destination, claim_all, delivery, states
 
 
 def test_claims_due_rows_in_pages_with_one_outbox_row_per_dispatch(conn):
@@ -17,7 +18,7 @@ def test_claims_due_rows_in_pages_with_one_outbox_row_per_dispatch(conn):
     ids = add_deliveries(conn, "cdn", 25)
     add_deliveries(conn, "cdn", 5, prefix="later", due_seconds_ago=-3600)
 
-    figures = claim_due(conn, "run-1", Cohort(), page_size=10)
+    figures = claim_all(conn, "run-1", Cohort(), page_size=10)
 
     assert (figures.claimed, figures.pages) == (25, 3)
     assert figures.by_destination == {"cdn": 25}
@@ -38,7 +39,7 @@ def test_claims_due_rows_in_pages_with_one_outbox_row_per_dispatch(conn):
 def test_max_rows_caps_a_run(conn):
     add_destination(conn, "cdn")
     add_deliveries(conn, "cdn", 30)
-    figures = claim_due(conn, "run-1", Cohort(), page_size=8, max_rows=20)
+    figures = claim_all(conn, "run-1", Cohort(), page_size=8, max_rows=20)
     assert figures.claimed == 20
     assert states(conn) == {"enqueued": 20, "pending": 10}
 
@@ -50,17 +51,17 @@ def test_cohort_filters_select_only_matching_rows(conn):
     add_deliveries(conn, "rights", 4, event_type="rights.updated")
     add_deliveries(conn, "rights", 2, prefix="t", event_type="transcode.completed")
 
-    figures = claim_due(
+    figures = claim_all(
         conn, "run-1", Cohort(destination_ids=("rights",), event_types=("rights.updated",))
     )
     assert figures.by_destination == {"rights": 4}
 
-    assets = claim_due(conn, "run-2", Cohort(asset_ids=("asset-1",)))
+    assets = claim_all(conn, "run-2", Cohort(asset_ids=("asset-1",)))
     assert assets.claimed == 2  # asset-1 of cdn and of rights' transcode events
 
     future = datetime.now(UTC) + timedelta(days=1)
-    assert claim_due(conn, "run-3", Cohort(created_after=future)).claimed == 0
-    assert claim_due(conn, "run-3", Cohort(created_before=future)).claimed == 3
+    assert claim_all(conn, "run-3", Cohort(created_after=future)).claimed == 0
+    assert claim_all(conn, "run-3", Cohort(created_before=future)).claimed == 3
 
 
 def test_dead_succeeded_disabled_and_paused_are_not_claimed(conn):
@@ -76,7 +77,10 @@ def test_dead_succeeded_disabled_and_paused_are_not_claimed(conn):
     add_deliveries(conn, "off", 3)
     add_deliveries(conn, "paused", 3)
 
-    assert claim_due(conn, "run-1", Cohort()).claimed == 0
+    assert due_destinations(conn, Cohort()) == []
+    # The statement itself refuses them too (a destination disabled after it was found due).
+    for destination_id in ("cdn", "off", "paused"):
+        assert claim_destination_page(conn, "run-1", destination_id, Cohort(), 10) == []
     assert states(conn) == {"dead": 1, "succeeded": 1, "pending": 6}
 
 
@@ -84,14 +88,14 @@ def test_a_retried_delivery_gets_a_new_outbox_row_and_keeps_its_id(conn):
     """The record's gap: the sketch's per-delivery message_id strands a retried delivery."""
     add_destination(conn, "cdn")
     (delivery_id,) = add_deliveries(conn, "cdn", 1)
-    claim_due(conn, "run-1", Cohort())
+    claim_all(conn, "run-1", Cohort())
     # The first dispatch failed and was scheduled again (as record_outcomes does).
     conn.execute(
         "UPDATE webhook_delivery SET state = 'pending', next_attempt_at = now() WHERE delivery_id = %s",
         (delivery_id,),
     )
 
-    assert claim_due(conn, "run-2", Cohort()).claimed == 1
+    assert claim_all(conn, "run-2", Cohort()).claimed == 1
 
     outbox = conn.execute(
         "SELECT message_id, run_id, dispatch_no FROM dispatch_outbox WHERE delivery_id = %s ORDER BY dispatch_no",
@@ -104,35 +108,22 @@ def test_a_retried_delivery_gets_a_new_outbox_row_and_keeps_its_id(conn):
     assert delivery(conn, delivery_id)["state"] == "enqueued"
 
 
-def test_plan_batches_cuts_each_destination_into_capped_ranges(conn):
-    add_destination(conn, "big")
-    add_destination(conn, "small")
-    add_deliveries(conn, "big", 25)
-    add_deliveries(conn, "small", 3)
-    claim_due(conn, "run-1", Cohort())
-    batches = plan_batches(conn, "run-1", batch_size=10)
-    assert [(b.destination_id, b.size) for b in batches] == [
-        ("big", 10),
-        ("big", 10),
-        ("big", 5),
-        ("small", 3),
-    ]
-    assert all(b.run_id == "run-1" for b in batches)
-    assert batches[0].last_message_id < batches[1].first_message_id
-
-
 CLAIMER = """
 import sys
 import psycopg
 from psycopg.rows import dict_row
 from media_hooks.outbox.cohort import Cohort
-from media_hooks.outbox.claims import claim_due
+from media_hooks.outbox.claims import claim_destination_page
+claimed = 0
 with psycopg.connect(sys.argv[1], autocommit=True, row_factory=dict_row) as conn:
-    print(claim_due(conn, sys.argv[2], Cohort(), page_size=250).claimed)
+    # Until a page comes back empty: a short one may only mean the other run holds the rest.
+    while page := claim_destination_page(conn, sys.argv[2], "cdn", Cohort(), 250):
+        claimed += len(page)
+print(claimed)
 """
 
 
-def test_two_reconciler_processes_divide_10000_rows_without_a_double_dispatch(conn, database_url):
+def test_two_claiming_processes_divide_10000_rows_without_a_double_dispatch(conn, database_url):
     add_destination(conn, "cdn")
     add_deliveries(conn, "cdn", 10_000)
     procs = [

@@ -10,12 +10,11 @@ from media_hooks.devtools.receiver import Receiver
 from media_hooks.engine.delivery_run import deliver_due
 from media_hooks.observe import checks, figures
 from media_hooks.observe.inspection import inspect_delivery
-from media_hooks.outbox.claims import claim_due
 from media_hooks.outbox.cohort import Cohort
 from media_hooks.outbox.emit import Event, emit
 from media_hooks.outbox.maintenance import sweeps
 from media_hooks.outbox.maintenance.requeue import requeue
-from media_hooks_tests.factories import add_destination, states
+from media_hooks_tests.factories import add_destination, claim_all, states
 
 
 def _emit(conn, revision: int, event_type: str = "rights.updated", asset: str = "a1") -> str:
@@ -46,7 +45,7 @@ def test_older_unsent_revisions_close_as_superseded_by_the_newest(conn):
     measured = figures.measure(conn)
     assert measured.counts["latest"] == {"pending": 3, "superseded": 2}
     assert measured.dead_letters == 0, "superseded is not a dead letter"
-    claim_due(conn, "run-1", Cohort())
+    claim_all(conn, "run-1", Cohort())
     claimed = {r["delivery_id"] for r in conn.execute("SELECT delivery_id FROM dispatch_outbox")}
     assert claimed == {r3, other_type, other_asset}
     assert requeue(conn, Cohort(), states=("dead",), reason="x", requested_by="op").matched == 0
@@ -57,16 +56,16 @@ def test_a_newer_revision_waits_while_an_older_one_is_in_flight_then_supersedes_
     newer one is sent."""
     add_destination(conn, "latest", coalescing="asset")
     r1 = _emit(conn, 1)
-    claim_due(conn, "run-1", Cohort())  # revision 1 in flight (enqueued)
+    claim_all(conn, "run-1", Cohort())  # revision 1 in flight (enqueued)
     r2 = _emit(conn, 2)
-    claim_due(conn, "run-2", Cohort())
+    claim_all(conn, "run-2", Cohort())
     assert _row(conn, r2)["state"] == "pending", "held while revision 1 is in flight"
     assert "held behind" in inspect_delivery(conn, r2).verdict.text
 
     conn.execute("UPDATE webhook_delivery SET state = 'pending' WHERE delivery_id = %s", (r1,))
     assert sweeps.sweep_superseded(conn) == 1
     assert _row(conn, r1)["closed_by"] == r2
-    claim_due(conn, "run-3", Cohort())
+    claim_all(conn, "run-3", Cohort())
     assert _row(conn, r2)["state"] == "enqueued"
 
 

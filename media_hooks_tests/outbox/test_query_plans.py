@@ -16,14 +16,13 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from media_hooks.outbox.claims import claim_due
 from media_hooks.outbox.cohort import Cohort
 from media_hooks.outbox.emit import Event, emit_many
 from media_hooks.outbox.leases import Lease, Outcome, outcomes_document
 from media_hooks.store.db import with_database
 from media_hooks.store.sqlfiles import queries, query
 from media_hooks_tests.conftest import create_database, drop_database
-from media_hooks_tests.factories import add_deliveries, add_destination
+from media_hooks_tests.factories import add_deliveries, add_destination, claim_all
 
 BIG_TABLES = {"webhook_delivery", "dispatch_outbox", "delivery_attempt"}
 
@@ -49,7 +48,7 @@ def loaded(server_url, template_name):
         add_destination(conn, "cdn")
         add_deliveries(conn, "cdn", 20_000)
         for run in range(20):  # many runs' dispatches: a run is a small part of the outbox
-            claim_due(conn, f"run-{run}", Cohort(), page_size=500, max_rows=500)
+            claim_all(conn, f"run-{run}", Cohort(), page_size=500, max_rows=500)
         # A history: one finished attempt for every delivery.
         conn.execute(
             """
@@ -88,8 +87,6 @@ def _outcomes(leased: Iterable[tuple[str, uuid.UUID]]) -> dict:
 
 
 STATEMENTS = {
-    "claim_due_page": lambda: {"run_id": "r", "page_size": 250, **Cohort().params()},
-    "plan_batches": lambda: {"run_id": "run-1", "batch_size": 1000},
     "claim_destination_page": lambda: {
         "run_id": "r",
         "destination_id": "cdn",
@@ -98,13 +95,6 @@ STATEMENTS = {
     },
     "due_destinations": lambda: Cohort().params(),
     "publish_messages": lambda: {"message_ids": [f"{i}:1" for i in _ids(100)]},
-    "publish_page": lambda: {
-        "run_id": "run-1",
-        "destination_id": "cdn",
-        "after_message_id": "",
-        "last_message_id": "~",
-        "page_size": 500,
-    },
     "lease_deliveries": lambda: {
         "run_id": "r",
         "lease_seconds": 90,
@@ -169,13 +159,13 @@ def stale(server_url, template_name):
         add_destination(conn, "cdn")
         add_deliveries(conn, "cdn", 20_000)
         conn.execute("VACUUM ANALYZE webhook_delivery")
-        claim_due(conn, "run-1", Cohort(), page_size=5000)
+        claim_all(conn, "run-1", Cohort(), page_size=5000)
         offered = conn.execute(
             "SELECT array_agg(delivery_id) AS d, array_agg(current_message_id) AS m FROM "
             "(SELECT delivery_id, current_message_id FROM webhook_delivery ORDER BY delivery_id LIMIT 10000) AS half"
         ).fetchone()
         conn.execute(
-            "SELECT count(*) FROM media_hooks_lease_v1('run-1', %s, %s, 90)",
+            "SELECT count(*) FROM media_hooks_lease_v2('run-1', %s, %s, 90)",
             (offered["d"], offered["m"]),
         )
         yield conn
@@ -195,7 +185,7 @@ def test_outcomes_are_recorded_by_key_whatever_the_statistics_say(stale):
 @contextmanager
 def _explaining(conn: psycopg.Connection) -> Iterator[list[dict]]:
     """auto_explain's plans of what runs inside, nested statements included (the lease runs
-    inside media_hooks_lease_v1, where EXPLAIN cannot see)."""
+    inside media_hooks_lease_v2, where EXPLAIN cannot see)."""
     plans: list[dict] = []
 
     def collect(diagnostic: psycopg.errors.Diagnostic) -> None:
@@ -292,7 +282,7 @@ def test_a_lease_plan_made_while_the_table_was_empty_stays_a_key_lookup(server_u
             offered = [{"delivery_id": "none", "current_message_id": "none:1"}]
             assert _lease_indexes(conn, offered)[0] == 0  # the session's plan is made here
             add_deliveries(conn, "cdn", 20_000)
-            claim_due(conn, "run-1", Cohort(), page_size=5000)
+            claim_all(conn, "run-1", Cohort(), page_size=5000)
             assert _lease_indexes(conn, _enqueued(conn)) == (4, {"webhook_delivery_pkey"})
     finally:
         drop_database(server_url, name)
@@ -386,17 +376,17 @@ def test_due_destinations_probe_the_index_whatever_the_statistics_say(unanalyzed
     assert _delivery_indexes(plan["Plan"]) == {"webhook_delivery_due_by_destination"}
 
 
-def test_the_reconciler_reads_the_due_index_in_order_whatever_the_statistics_say(unanalyzed):
-    """claim_due of the whole outbox, page after page: each page reads the due index in order
+def test_a_runs_claims_read_the_due_index_in_order_whatever_the_statistics_say(unanalyzed):
+    """A run's claims, page after page: each page reads the destination's due index in order
     and stops at its page (without statistics the planner read every due row, then sorted)."""
     with _explaining(unanalyzed) as plans:
-        claimed = claim_due(unanalyzed, "r", Cohort(), page_size=250, max_rows=500)
+        claimed = claim_all(unanalyzed, "r", Cohort(), page_size=250, max_rows=500)
     pages = [p for p in plans if "INSERT INTO dispatch_outbox" in p.get("Query Text", "")]
     assert (claimed.claimed, len(pages)) == (500, 2)
     for page in pages:
         assert _seq_scans(page["Plan"]) == []
         assert _sorts_of_deliveries(page["Plan"]) == []
-        assert "webhook_delivery_due" in _delivery_indexes(page["Plan"])
+        assert "webhook_delivery_due_by_destination" in _delivery_indexes(page["Plan"])
 
 
 @pytest.fixture(scope="module")
@@ -425,7 +415,6 @@ _EMITTED = {
     "body_tail": b"}",
 }
 ORDERED_STATEMENTS = {
-    "claim_due_page": STATEMENTS["claim_due_page"],
     "claim_destination_page": lambda: {
         "run_id": "r",
         "destination_id": "pub",

@@ -1,4 +1,5 @@
-"""The row protocol: leases, fenced outcomes, sweeps and requeue (DESIGN.md invariants)."""
+"""The row protocol: leases, fenced outcomes, sweeps and requeue (the invariants of
+docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,12 @@ from psycopg import sql
 from media_hooks.core.config import Settings
 from media_hooks.core.errors import UserError
 from media_hooks.outbox import leases, rate_limits
-from media_hooks.outbox.claims import claim_due
 from media_hooks.outbox.cohort import Cohort
 from media_hooks.outbox.leases import Message, Outcome
 from media_hooks.outbox.maintenance import sweeps
 from media_hooks.outbox.maintenance.requeue import requeue
 from media_hooks.store.sqlfiles import query
-from media_hooks_tests.factories import add_deliveries, add_destination, delivery, states
+from media_hooks_tests.factories import add_deliveries, add_destination, claim_all, delivery, states
 from media_hooks_tests.interleaving import (
     in_background,
     open_session,
@@ -57,7 +57,7 @@ def _outcome(
 def _dispatch(conn, count: int = 1, run_id: str = "run-1", **limits) -> list[Message]:
     add_destination(conn, "cdn", **limits)
     add_deliveries(conn, "cdn", count)
-    claim_due(conn, run_id, Cohort())
+    claim_all(conn, run_id, Cohort())
     return _messages(conn, run_id)
 
 
@@ -118,7 +118,7 @@ def test_fencing_a_late_worker_cannot_overwrite_a_newer_lease(conn):
 def test_a_stale_message_is_skipped_after_a_new_dispatch(conn):
     (old,) = _dispatch(conn)
     sweeps.release_run(conn, "run-1")
-    claim_due(conn, "run-2", Cohort())
+    claim_all(conn, "run-2", Cohort())
     (new,) = _messages(conn, "run-2")
     assert leases.lease(conn, "run-1", [old], lease_seconds=90) == []
     assert len(leases.lease(conn, "run-2", [new], lease_seconds=90)) == 1
@@ -222,9 +222,9 @@ def test_stale_enqueues_are_swept_after_the_timeout(conn):
 def test_release_run_moves_exactly_that_runs_rows(conn):
     add_destination(conn, "cdn")
     add_deliveries(conn, "cdn", 3, prefix="a")
-    claim_due(conn, "run-a", Cohort())
+    claim_all(conn, "run-a", Cohort())
     add_deliveries(conn, "cdn", 2, prefix="b")
-    claim_due(conn, "run-b", Cohort())
+    claim_all(conn, "run-b", Cohort())
     leases.lease(conn, "run-a", _messages(conn, "run-a")[:1], lease_seconds=90)
 
     assert sweeps.release_run(conn, "run-a") == 3
@@ -306,7 +306,7 @@ def test_requeue_dead_letters_with_a_fresh_budget_and_an_audit_row(conn):
     audit = conn.execute("SELECT requested_by, reason, moved FROM delivery_requeue").fetchone()
     assert audit == {"requested_by": "oncall", "reason": "receiver fixed", "moved": 1}
     # Same identity: the next dispatch carries the same delivery_id.
-    claim_due(conn, "run-2", Cohort())
+    claim_all(conn, "run-2", Cohort())
     assert [m.delivery_id for m in _messages(conn, "run-2")] == [message.delivery_id]
 
 
@@ -543,7 +543,7 @@ def _stale_and_current(conn) -> tuple[Message, Message]:
     """One delivery dispatched twice: run-1's message is stale, run-2's is current."""
     (old,) = _dispatch(conn, rate_per_second=0.01, burst=1, max_in_flight=4)
     sweeps.release_run(conn, "run-1")
-    claim_due(conn, "run-2", Cohort())
+    claim_all(conn, "run-2", Cohort())
     (new,) = _messages(conn, "run-2")
     return old, new
 
@@ -573,7 +573,7 @@ def test_a_message_made_stale_while_its_lease_waits_gives_its_token_back(conn, d
         open_session(database_url, autocommit=True) as worker,
     ):
         dispatcher.execute(query("release_run"), {"run_id": "run-1"})
-        claim_due(dispatcher, "run-2", Cohort())
+        claim_all(dispatcher, "run-2", Cohort())
         with in_background(
             lambda: leases.lease_with_permits(
                 worker, "run-1", "cdn", [old], holder="run-1", lease_seconds=90, release_slots=[]

@@ -1,7 +1,7 @@
--- `media-hooks check` (media_hooks.observe.checks): the DESIGN.md invariants that can be seen in the
--- tables, each one read-only statement returning how many rows break it and up to five of their
--- ids. They run together in one READ ONLY REPEATABLE READ transaction, so every count is of the
--- same snapshot and now() is one instant for all of them.
+-- `media-hooks check` (media_hooks.observe.checks): the invariants (docs/architecture.md) that
+-- can be seen in the tables, each one read-only statement returning how many rows break it and
+-- up to five of their ids. They run together in one READ ONLY REPEATABLE READ transaction, so
+-- every count is of the same snapshot and now() is one instant for all of them.
 --
 -- Each statement starts from a partial index or a bounded range of one, so the default pass
 -- reads the live backlog (leased, enqueued, open attempts, limiter rows) and the history of the

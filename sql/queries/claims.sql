@@ -1,78 +1,5 @@
 -- The reconciler: due deliveries into the outbox, one page per transaction.
 
--- name: claim_due_page
--- description: Claim one page of due pending deliveries of a cohort for a run: one outbox row
---   per dispatch and the rows flipped to enqueued, in one statement.
--- keeps: invariant 3 (a claimed row is enqueued with a committed outbox row naming its run, so
---   a sweep can always find it again), invariant 1 (the message is per dispatch; the receiver's
---   key stays delivery_id), invariant 7 (one bounded page). SKIP LOCKED lets reconcilers
---   running at once divide the rows; disabled and paused destinations keep theirs pending.
---   invariant 10: on an ordered destination only the head of an asset's queue is claimed
---   (media_hooks_held_by_v2 returns no row for it).
-WITH due AS (
-    SELECT d.delivery_id
-    FROM webhook_delivery AS d
-    WHERE d.state = 'pending'
-      AND d.next_attempt_at <= now()
-      AND media_hooks_in_cohort(d, %(destination_ids)s, %(event_types)s, %(asset_ids)s,
-                                %(created_after)s, %(created_before)s)
-      AND EXISTS (
-          SELECT 1
-          FROM webhook_destination AS w
-          WHERE w.destination_id = d.destination_id
-            AND w.enabled
-            AND (w.paused_until IS NULL OR w.paused_until <= now())
-            -- Per-asset order and latest-wins (migration 0013, inlined: index look-ups on
-            -- ordered or coalescing destinations, nothing elsewhere).
-            AND NOT EXISTS (
-                SELECT FROM media_hooks_held_by_v2(w.ordering, w.coalescing, d.destination_id,
-                                                   d.asset_id, d.event_type, d.created_at,
-                                                   d.emit_seq, d.delivery_id))
-      )
-    ORDER BY d.next_attempt_at, d.delivery_id
-    LIMIT %(page_size)s
-    FOR UPDATE OF d SKIP LOCKED
-),
-enqueued AS (
-    UPDATE webhook_delivery AS d
-    SET state = 'enqueued',
-        dispatch_count = d.dispatch_count + 1,
-        current_message_id = d.delivery_id || ':' || (d.dispatch_count + 1),
-        wait_reason = NULL,
-        updated_at = now()
-    -- = ANY(ARRAY(...)) keeps this a primary-key index scan; a join on the CTE lets the
-    -- planner pick a sequential scan of the whole table.
-    WHERE d.delivery_id = ANY (ARRAY(SELECT delivery_id FROM due))
-    RETURNING d.delivery_id, d.destination_id, d.dispatch_count, d.current_message_id, d.body
-),
-outbox AS (
-    INSERT INTO dispatch_outbox (message_id, delivery_id, dispatch_no, destination_id, run_id, body)
-    SELECT current_message_id, delivery_id, dispatch_count, destination_id, %(run_id)s, body
-    FROM enqueued
-    RETURNING destination_id
-)
-SELECT destination_id, count(*)::integer AS claimed
-FROM outbox
-GROUP BY destination_id;
-
--- name: plan_batches
--- description: A run's outbox rows per destination, cut into message_id ranges of at most
---   batch_size rows: the units the delivery steps fan out over (bounded, whatever the run size).
-SELECT destination_id,
-       min(message_id) AS first_message_id,
-       max(message_id) AS last_message_id,
-       count(*)::integer AS size
-FROM (
-    SELECT destination_id,
-           message_id,
-           (row_number() OVER (PARTITION BY destination_id ORDER BY message_id) - 1)
-               / %(batch_size)s AS batch_no
-    FROM dispatch_outbox
-    WHERE run_id = %(run_id)s
-) AS numbered
-GROUP BY destination_id, batch_no
-ORDER BY destination_id, batch_no;
-
 -- name: run_dispatched
 -- description: Whether a run dispatched anything into this database's outbox: one probe of
 --   dispatch_outbox_run. (A Dagster instance may serve several deployments, each with its own
@@ -85,9 +12,7 @@ SELECT EXISTS (SELECT 1 FROM dispatch_outbox WHERE run_id = %(run_id)s) AS dispa
 --   (autovacuum may be slow or off), and then the planner guesses: it read a destination's due
 --   rows by the wrong index and sorted them, or every destination's, before the first one.
 --   The statements that run after it (due_destinations, claim_destination_page) each have a plan
---   by webhook_delivery_due_by_destination in order, which these settings leave the cheapest;
---   so has claim_due_page by webhook_delivery_due, for a cohort naming no destination (the
---   reconciler runs it so only then: a destination's rows have their own index to narrow by).
+--   by webhook_delivery_due_by_destination in order, which these settings leave the cheapest.
 SELECT set_config('enable_seqscan', 'off', true), set_config('enable_sort', 'off', true);
 
 -- name: due_destinations
@@ -158,7 +83,7 @@ enqueued AS (
         current_message_id = d.delivery_id || ':' || (d.dispatch_count + 1),
         wait_reason = NULL,
         updated_at = now()
-    -- = ANY(ARRAY(...)) keeps this a primary-key index scan (as in claim_due_page).
+    -- = ANY(ARRAY(...)) keeps this a primary-key index scan (a join on the CTE may not).
     WHERE d.delivery_id = ANY (ARRAY(SELECT delivery_id FROM due))
     RETURNING d.delivery_id, d.destination_id, d.dispatch_count, d.current_message_id, d.body
 )

@@ -1,29 +1,9 @@
 -- The delivery worker: relay, lease, record. No statement here is held open across HTTP.
 
--- name: publish_page
--- description: The relay: the next page of a run's outbox messages in one destination batch,
---   marked published as they are handed to the sender. Publishing twice is harmless: the
---   first publication time is kept and the lease below decides who may send.
-WITH page AS (
-    SELECT message_id
-    FROM dispatch_outbox
-    WHERE run_id = %(run_id)s
-      AND destination_id = %(destination_id)s
-      AND message_id > %(after_message_id)s
-      AND message_id <= %(last_message_id)s
-    ORDER BY message_id
-    LIMIT %(page_size)s
-)
-UPDATE dispatch_outbox AS o
-SET published_at = coalesce(o.published_at, now())
--- = ANY(ARRAY(...)) keeps this a primary-key index scan (a join on the CTE may not).
-WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM page))
-RETURNING o.message_id, o.delivery_id;
-
 -- name: publish_messages
--- description: The relay for messages a worker claimed itself (claim_destination_page): marked
---   published as they are handed to the sender, by primary key. As with publish_page, the
---   first publication time is kept and the lease decides who may send.
+-- description: The relay: messages a worker claimed (claim_destination_page), marked published
+--   as they are handed to the sender, by primary key. Publishing twice is harmless: the first
+--   publication time is kept and the lease decides who may send.
 UPDATE dispatch_outbox AS o
 SET published_at = coalesce(o.published_at, now())
 WHERE o.message_id = ANY (%(message_ids)s::text[]);
@@ -58,7 +38,7 @@ FROM media_hooks_lease_with_permits_v4(
 
 -- name: record_outcomes
 -- description: Record the outcomes of leased attempts and move each delivery to its next state
---   (CONTRACT.md "Outcomes"), closing the attempt rows in the same statement.
+--   (docs/contract.md "Outcomes"), closing the attempt rows in the same statement.
 -- keeps: invariant 4 (only the current lease holder moves the row: a late worker whose lease
 --   expired and was re-claimed matches nothing), invariant 5 (a retry changes next_attempt_at
 --   and counts, never identity), invariant 6 (the table owns the retry clock).

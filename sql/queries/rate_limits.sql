@@ -8,7 +8,7 @@
 -- start each) to one holder, in one round trip; a start may be granted up to ahead_seconds (at
 -- most one interval of the rate) before its moment. Returns the slots granted, when each may
 -- start (seconds after granted_at), the database time of the grant, and when and why to ask
--- again. Keeps the start-rate and in-flight ceilings and any pause (DESIGN.md, "Shape": rate
+-- again. Keeps the start-rate and in-flight ceilings and any pause (docs/architecture.md: rate
 -- limits hold across concurrent runs and processes; media_hooks_acquire_permits_v2, 0014).
 SELECT slots, starts, granted_at, retry_in, reason
   FROM media_hooks_acquire_permits_v2(

@@ -22,12 +22,9 @@ from dagster import (
     op,
 )
 
-from media_hooks.engine.delivery import (
-    DeliveryCounts,
-    OutcomesNotRecorded,
-    deliver_destinations,
-    tally,
-)
+from media_hooks.engine.counts import DeliveryCounts, tally
+from media_hooks.engine.delivery import deliver_destinations
+from media_hooks.engine.recording import OutcomesNotRecorded
 from media_hooks.observe import figures
 from media_hooks.orchestration import recovery
 from media_hooks.orchestration.config import DeliverConfig
@@ -301,7 +298,7 @@ class RunSummary:
     per_destination: dict[str, dict[str, int]]
 
     def as_dict(self) -> dict:
-        """The CONTRACT.md shape of ``media-hooks run --json``, per run."""
+        """The shape (docs/contract.md) of ``media-hooks run --json``, per run."""
         keys = ("succeeded", "retried", "dead", "ambiguous")
         return {
             "run_id": self.run_id,

@@ -11,7 +11,7 @@ from media_hooks.core.config import Settings
 
 
 class DeliverySettingsResource(ConfigurableResource):
-    """Lease and enqueue timeouts default to the environment (CONTRACT.md, "Configuration")."""
+    """Lease and enqueue timeouts default to the environment (docs/contract.md, "Configuration")."""
 
     lease_seconds: float | None = Field(
         default=None, description="Override MEDIA_HOOKS_LEASE_SECONDS for this deployment."

@@ -2,8 +2,9 @@
 
 A dead delivery is terminal already; discarding records that an operator decided it will not be
 sent (its recorded reason becomes 'discarded', with who and why). On a destination with
-per-asset order a dead delivery holds the later deliveries of its asset (DESIGN.md, invariant
-10); discarding it lets them go, in order. The alternative, a requeue, sends it again first.
+per-asset order a dead delivery holds the later deliveries of its asset (docs/architecture.md,
+invariant 10); discarding it lets them go, in order. The alternative, a requeue, sends it again
+first.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Per-asset order (issue 14, part 2; DESIGN.md invariant 10): on a destination with
+"""Per-asset order (issue 14, part 2; docs/architecture.md invariant 10): on a destination with
 ``--ordering asset`` no delivery is sent while an earlier one of its asset is not terminal;
 other assets keep flowing; a dead head holds its successors until it is requeued or
 discarded."""
@@ -17,7 +17,6 @@ from media_hooks.devtools.receiver import Receiver, Reply
 from media_hooks.engine.delivery_run import deliver_due
 from media_hooks.observe import figures
 from media_hooks.observe.inspection import inspect_delivery
-from media_hooks.outbox.claims import claim_due
 from media_hooks.outbox.cohort import Cohort
 from media_hooks.outbox.destinations import DestinationSpec, upsert_destination
 from media_hooks.outbox.emit import Event, emit
@@ -25,7 +24,7 @@ from media_hooks.outbox.maintenance import sweeps
 from media_hooks.outbox.maintenance.discard import discard
 from media_hooks.outbox.maintenance.requeue import requeue
 from media_hooks_tests.conftest import REPO
-from media_hooks_tests.factories import add_destination, states
+from media_hooks_tests.factories import add_destination, claim_all, states
 from media_hooks_tests.interleaving import open_session
 from media_hooks_tests.queues import claimed, revisions_received, settle
 
@@ -61,7 +60,7 @@ def test_two_reconcilers_at_once_never_claim_past_an_uncommitted_head(conn, data
     add_destination(conn, "ordered", ordering="asset")
     ids = _emit_revisions(conn, "ordered", {"a1": 2})
     with open_session(database_url) as a, open_session(database_url) as b:
-        claim_due(a, "run-a", Cohort())  # inside A's open transaction (no commit)
+        claim_all(a, "run-a", Cohort())  # inside A's open transaction (no commit)
         b_claimed = claimed(b, "run-b")
         b.commit()
         assert b_claimed == set()
@@ -202,7 +201,8 @@ def test_a_run_killed_after_the_receiver_accepted_never_lets_the_next_revision_o
 def test_the_claim_rule_is_true_at_once_for_plain_destinations(conn, ordering):
     add_destination(conn, "d", ordering=ordering)
     row = conn.execute(
-        "SELECT media_hooks_may_claim_v1(%s, 'none', 'd', 'a', 't', now(), 1, 'x') AS ok",
+        "SELECT NOT EXISTS (SELECT FROM media_hooks_held_by_v2(%s, 'none', 'd', 'a', 't', "
+        "now(), 1, 'x')) AS ok",
         (ordering,),
     ).fetchone()
     assert row["ok"] is True

@@ -309,7 +309,6 @@ GRANT_V2 = """
 SELECT * FROM media_hooks_acquire_permits_v2(%(destination_id)s, 1, %(holder)s, 30, 0.02, 1.0,
                                              %(ahead)s)
 """
-GRANT_V1 = "SELECT * FROM media_hooks_acquire_permits_v1(%s, 1, %s, 30, 0.02, 1.0)"
 
 
 def _seconds_between(earlier: dict, later: dict) -> float:
@@ -322,8 +321,7 @@ def test_a_start_granted_ahead_is_for_the_exact_moment_the_bucket_allows(limited
     later), and keeps the limiter row locked; B asks meanwhile and waits on the row; A commits
     1.3 s after its grant. B is then granted the next start ahead, for exactly one interval
     after A's as counted: not earlier (the ceiling), not later (nothing of the rate is lost to
-    B's late ask). A worker of the previous release (v1) and the next ask both see B's start
-    and keep their distance from it."""
+    B's late ask). The next ask sees B's start and keeps its distance from it."""
     _set_limits(limited, rate_per_second=0.5, burst=1)
     with open_session(database_url) as a, open_session(database_url, autocommit=True) as b:
         first = a.execute(
@@ -345,9 +343,6 @@ def test_a_start_granted_ahead_is_for_the_exact_moment_the_bucket_allows(limited
     assert len(second["slots"]) == 1
     assert second["starts"][0] == pytest.approx(0.75 + 2.0 - since, abs=1e-6)
 
-    old = limited.execute(GRANT_V1, (DEST, "old")).fetchone()
-    assert (old["slots"], old["reason"]) == ([], "rate")
-    assert old["retry_in"] == pytest.approx(4.75 - _seconds_between(first, old), abs=1e-6)
     after = limited.execute(
         GRANT_V2, {"destination_id": DEST, "holder": "c", "ahead": 1.5}
     ).fetchone()

@@ -1,0 +1,1036 @@
+-- The schema as the migrations in sql/migrations leave it: generated, never edited by hand.
+-- Regenerate with: python -m media_hooks.store.schema DATABASE_URL > sql/schema.sql
+-- (DATABASE_URL: a database migrated with `media-hooks db migrate`). The state machine's
+-- statements are in sql/queries; the invariants they keep are in docs/architecture.md.
+
+
+-- Tables -----------------------------------------------------------------------------------------
+
+CREATE TABLE delivery_attempt (
+    delivery_id text NOT NULL,
+    attempt_no integer NOT NULL,
+    destination_id text NOT NULL,
+    message_id text,
+    run_id text,
+    lease_token uuid NOT NULL,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    outcome text,
+    http_status integer,
+    error text,
+    response_excerpt text,
+    next_attempt_at timestamp with time zone,
+    retry_reason text,
+    CONSTRAINT attempt_outcome_class CHECK ((outcome = ANY (ARRAY['success'::text, 'rate_limited'::text, 'retryable'::text, 'ambiguous'::text, 'rejected'::text]))),
+    CONSTRAINT delivery_attempt_attempt_no_check CHECK ((attempt_no >= 1)),
+    CONSTRAINT delivery_attempt_delivery_id_fkey FOREIGN KEY (delivery_id) REFERENCES webhook_delivery(delivery_id),
+    CONSTRAINT delivery_attempt_pkey PRIMARY KEY (delivery_id, attempt_no)
+);
+
+CREATE TABLE delivery_identity (
+    delivery_id text NOT NULL,
+    destination_id text,
+    created_at timestamp with time zone,
+    final_state text,
+    purged_at timestamp with time zone,
+    CONSTRAINT delivery_identity_pkey PRIMARY KEY (delivery_id),
+    CONSTRAINT identity_final_state CHECK ((final_state = ANY (ARRAY['succeeded'::text, 'dead'::text]))),
+    CONSTRAINT tombstone_is_complete CHECK (((final_state IS NULL) OR ((destination_id IS NOT NULL) AND (created_at IS NOT NULL))))
+);
+
+CREATE TABLE delivery_requeue (
+    requeue_id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    requested_by text NOT NULL,
+    reason text NOT NULL,
+    cohort jsonb NOT NULL,
+    moved integer NOT NULL,
+    requested_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT delivery_requeue_pkey PRIMARY KEY (requeue_id),
+    CONSTRAINT delivery_requeue_reason_check CHECK ((length(reason) > 0))
+);
+
+CREATE TABLE delivery_requeue_item (
+    requeue_id bigint NOT NULL,
+    delivery_id text NOT NULL,
+    previous_state text NOT NULL,
+    CONSTRAINT delivery_requeue_item_pkey PRIMARY KEY (requeue_id, delivery_id),
+    CONSTRAINT delivery_requeue_item_requeue_id_fkey FOREIGN KEY (requeue_id) REFERENCES delivery_requeue(requeue_id)
+);
+
+CREATE TABLE delivery_tombstone_0003 (
+    delivery_id text NOT NULL,
+    destination_id text NOT NULL,
+    final_state text NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    purged_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT delivery_tombstone_pkey PRIMARY KEY (delivery_id),
+    CONSTRAINT tombstone_final_state CHECK ((final_state = ANY (ARRAY['succeeded'::text, 'dead'::text])))
+);
+
+CREATE TABLE destination_limiter (
+    destination_id text NOT NULL,
+    level double precision DEFAULT 0 NOT NULL,
+    level_at timestamp with time zone DEFAULT now() NOT NULL,
+    slot_until timestamp with time zone[] DEFAULT '{}'::timestamp with time zone[] NOT NULL,
+    slot_holder bigint[] DEFAULT '{}'::bigint[] NOT NULL,
+    CONSTRAINT destination_limiter_destination_id_fkey FOREIGN KEY (destination_id) REFERENCES webhook_destination(destination_id) ON DELETE CASCADE,
+    CONSTRAINT destination_limiter_level_check CHECK ((level >= (0)::double precision)),
+    CONSTRAINT destination_limiter_pkey PRIMARY KEY (destination_id)
+) WITH (fillfactor=50);
+
+CREATE TABLE destination_subscription (
+    destination_id text NOT NULL,
+    pattern text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT destination_subscription_destination_id_fkey FOREIGN KEY (destination_id) REFERENCES webhook_destination(destination_id),
+    CONSTRAINT destination_subscription_pkey PRIMARY KEY (destination_id, pattern),
+    CONSTRAINT subscription_pattern_form CHECK ((((length(pattern) >= 1) AND (length(pattern) <= 256)) AND (pattern !~ '[[:space:][:cntrl:]]'::text) AND ((strpos(pattern, '*'::text) = 0) OR (pattern ~ '^[^*]+\.\*$'::text))))
+);
+
+CREATE TABLE dispatch_outbox (
+    message_id text NOT NULL,
+    delivery_id text NOT NULL,
+    dispatch_no integer NOT NULL,
+    destination_id text NOT NULL,
+    run_id text NOT NULL,
+    body bytea NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    published_at timestamp with time zone,
+    CONSTRAINT dispatch_outbox_delivery_id_fkey FOREIGN KEY (delivery_id) REFERENCES webhook_delivery(delivery_id),
+    CONSTRAINT dispatch_outbox_dispatch_no_check CHECK ((dispatch_no >= 1)),
+    CONSTRAINT dispatch_outbox_pkey PRIMARY KEY (message_id),
+    CONSTRAINT one_row_per_dispatch UNIQUE (delivery_id, dispatch_no)
+);
+
+CREATE TABLE schema_migrations (
+    version integer NOT NULL,
+    name text NOT NULL,
+    checksum text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT schema_migrations_pkey PRIMARY KEY (version)
+);
+
+CREATE TABLE webhook_delivery (
+    delivery_id text NOT NULL,
+    destination_id text NOT NULL,
+    asset_id text NOT NULL,
+    event_type text NOT NULL,
+    payload jsonb NOT NULL,
+    body bytea NOT NULL,
+    state text DEFAULT 'pending'::text NOT NULL,
+    attempt_count integer DEFAULT 0 NOT NULL,
+    budget_used integer DEFAULT 0 NOT NULL,
+    budget_started_at timestamp with time zone DEFAULT now() NOT NULL,
+    dispatch_count integer DEFAULT 0 NOT NULL,
+    next_attempt_at timestamp with time zone DEFAULT now() NOT NULL,
+    lease_until timestamp with time zone,
+    lease_token uuid,
+    current_message_id text,
+    last_outcome text,
+    last_error text,
+    wait_reason text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    emit_seq bigint,
+    closed_reason text,
+    closed_by text,
+    CONSTRAINT closed_only_when_dead CHECK ((((closed_reason IS NULL) AND (closed_by IS NULL)) OR ((state = 'dead'::text) AND (closed_reason = 'discarded'::text) AND (closed_by IS NULL)) OR ((state = 'dead'::text) AND (closed_reason = 'superseded'::text) AND (closed_by IS NOT NULL)))),
+    CONSTRAINT delivery_id_form CHECK (((delivery_id ~ '^[A-Za-z0-9_:-]+$'::text) AND (length(delivery_id) <= 200))),
+    CONSTRAINT delivery_state CHECK ((state = ANY (ARRAY['pending'::text, 'enqueued'::text, 'leased'::text, 'succeeded'::text, 'dead'::text]))),
+    CONSTRAINT last_outcome_class CHECK ((last_outcome = ANY (ARRAY['success'::text, 'rate_limited'::text, 'retryable'::text, 'ambiguous'::text, 'rejected'::text]))),
+    CONSTRAINT lease_only_while_leased CHECK (((state = 'leased'::text) OR ((lease_token IS NULL) AND (lease_until IS NULL)))),
+    CONSTRAINT leased_has_lease CHECK (((state <> 'leased'::text) OR ((lease_until IS NOT NULL) AND (lease_token IS NOT NULL)))),
+    CONSTRAINT payload_is_object CHECK ((jsonb_typeof(payload) = 'object'::text)),
+    CONSTRAINT webhook_delivery_attempt_count_check CHECK ((attempt_count >= 0)),
+    CONSTRAINT webhook_delivery_budget_used_check CHECK ((budget_used >= 0)),
+    CONSTRAINT webhook_delivery_destination_id_fkey FOREIGN KEY (destination_id) REFERENCES webhook_destination(destination_id),
+    CONSTRAINT webhook_delivery_dispatch_count_check CHECK ((dispatch_count >= 0)),
+    CONSTRAINT webhook_delivery_pkey PRIMARY KEY (delivery_id)
+);
+
+CREATE TABLE webhook_destination (
+    destination_id text NOT NULL,
+    url text NOT NULL,
+    secrets text[] DEFAULT '{}'::text[] NOT NULL,
+    rate_per_second double precision DEFAULT 10 NOT NULL,
+    burst integer DEFAULT 10 NOT NULL,
+    max_in_flight integer DEFAULT 4 NOT NULL,
+    timeout_seconds double precision DEFAULT 10 NOT NULL,
+    max_attempts integer DEFAULT 20 NOT NULL,
+    backoff_base_seconds double precision DEFAULT 5 NOT NULL,
+    backoff_cap_seconds double precision DEFAULT 28800 NOT NULL,
+    max_age_seconds double precision DEFAULT 259200 NOT NULL,
+    enabled boolean DEFAULT true NOT NULL,
+    disabled_reason text,
+    disabled_at timestamp with time zone,
+    paused_until timestamp with time zone,
+    paused_reason text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    ordering text DEFAULT 'none'::text NOT NULL,
+    coalescing text DEFAULT 'none'::text NOT NULL,
+    CONSTRAINT backoff_base_positive CHECK ((backoff_base_seconds > (0)::double precision)),
+    CONSTRAINT backoff_cap_not_below_base CHECK ((backoff_cap_seconds >= backoff_base_seconds)),
+    CONSTRAINT burst_at_least_one CHECK ((burst >= 1)),
+    CONSTRAINT destination_id_form CHECK (((destination_id ~ '^[A-Za-z0-9_:-]+$'::text) AND (length(destination_id) <= 200))),
+    CONSTRAINT destination_scopes CHECK ((media_hooks_scope_ok_v1(ordering) AND media_hooks_scope_ok_v1(coalescing))),
+    CONSTRAINT max_age_positive CHECK ((max_age_seconds > (0)::double precision)),
+    CONSTRAINT max_attempts_at_least_one CHECK ((max_attempts >= 1)),
+    CONSTRAINT max_in_flight_at_least_one CHECK ((max_in_flight >= 1)),
+    CONSTRAINT rate_positive CHECK ((rate_per_second > (0)::double precision)),
+    CONSTRAINT secrets_well_formed CHECK (media_hooks_secrets_well_formed_v1(secrets)),
+    CONSTRAINT timeout_positive CHECK ((timeout_seconds > (0)::double precision)),
+    CONSTRAINT url_is_http CHECK ((url ~* '^https?://[^/]+'::text)),
+    CONSTRAINT webhook_destination_pkey PRIMARY KEY (destination_id)
+);
+
+CREATE TABLE webhook_event (
+    event_id text NOT NULL,
+    event_type text NOT NULL,
+    asset_id text NOT NULL,
+    destination_ids text[] NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT event_id_form CHECK (((event_id ~ '^[A-Za-z0-9_:-]+$'::text) AND (length(event_id) <= 200))),
+    CONSTRAINT webhook_event_pkey PRIMARY KEY (event_id)
+);
+
+-- Views ------------------------------------------------------------------------------------------
+
+CREATE VIEW delivery_tombstone AS
+ SELECT delivery_id,
+    destination_id,
+    final_state,
+    created_at,
+    purged_at
+   FROM delivery_identity
+  WHERE final_state IS NOT NULL;
+
+-- Indexes ----------------------------------------------------------------------------------------
+
+CREATE INDEX delivery_attempt_destination ON public.delivery_attempt USING btree (destination_id, started_at);
+
+CREATE INDEX delivery_attempt_finished ON public.delivery_attempt USING btree (finished_at, outcome);
+
+CREATE UNIQUE INDEX delivery_attempt_pkey ON public.delivery_attempt USING btree (delivery_id, attempt_no);
+
+CREATE INDEX delivery_attempt_run ON public.delivery_attempt USING btree (run_id);
+
+CREATE INDEX delivery_attempt_started ON public.delivery_attempt USING btree (started_at);
+
+CREATE UNIQUE INDEX delivery_identity_pkey ON public.delivery_identity USING btree (delivery_id);
+
+CREATE INDEX delivery_identity_tombstone ON public.delivery_identity USING btree (delivery_id) WHERE (final_state IS NOT NULL);
+
+CREATE INDEX delivery_identity_tombstone_created ON public.delivery_identity USING btree (created_at) WHERE (final_state IS NOT NULL);
+
+CREATE INDEX delivery_requeue_item_delivery ON public.delivery_requeue_item USING btree (delivery_id);
+
+CREATE UNIQUE INDEX delivery_requeue_item_pkey ON public.delivery_requeue_item USING btree (requeue_id, delivery_id);
+
+CREATE UNIQUE INDEX delivery_requeue_pkey ON public.delivery_requeue USING btree (requeue_id);
+
+CREATE INDEX delivery_tombstone_created ON public.delivery_tombstone_0003 USING btree (created_at);
+
+CREATE UNIQUE INDEX delivery_tombstone_pkey ON public.delivery_tombstone_0003 USING btree (delivery_id);
+
+CREATE UNIQUE INDEX destination_limiter_pkey ON public.destination_limiter USING btree (destination_id);
+
+CREATE UNIQUE INDEX destination_subscription_pkey ON public.destination_subscription USING btree (destination_id, pattern);
+
+CREATE UNIQUE INDEX dispatch_outbox_pkey ON public.dispatch_outbox USING btree (message_id);
+
+CREATE INDEX dispatch_outbox_run ON public.dispatch_outbox USING btree (run_id, destination_id, message_id);
+
+CREATE INDEX dispatch_outbox_unpublished ON public.dispatch_outbox USING btree (created_at) WHERE (published_at IS NULL);
+
+CREATE UNIQUE INDEX one_row_per_dispatch ON public.dispatch_outbox USING btree (delivery_id, dispatch_no);
+
+CREATE UNIQUE INDEX schema_migrations_pkey ON public.schema_migrations USING btree (version);
+
+CREATE INDEX webhook_delivery_asset_queue ON public.webhook_delivery USING btree (destination_id, asset_id, created_at, emit_seq) INCLUDE (event_type) WHERE ((state <> 'succeeded'::text) AND (closed_reason IS NULL));
+
+CREATE INDEX webhook_delivery_dead ON public.webhook_delivery USING btree (destination_id, updated_at) WHERE (state = 'dead'::text);
+
+CREATE INDEX webhook_delivery_destination_state ON public.webhook_delivery USING btree (destination_id, state);
+
+CREATE INDEX webhook_delivery_due ON public.webhook_delivery USING btree (next_attempt_at, delivery_id) WHERE (state = 'pending'::text);
+
+CREATE INDEX webhook_delivery_due_by_destination ON public.webhook_delivery USING btree (destination_id, next_attempt_at, delivery_id) WHERE (state = 'pending'::text);
+
+CREATE INDEX webhook_delivery_enqueued ON public.webhook_delivery USING btree (updated_at) WHERE (state = 'enqueued'::text);
+
+CREATE INDEX webhook_delivery_lease ON public.webhook_delivery USING btree (lease_until) WHERE (state = 'leased'::text);
+
+CREATE INDEX webhook_delivery_parked ON public.webhook_delivery USING btree (destination_id, asset_id, created_at, emit_seq NULLS FIRST, delivery_id) WHERE ((state = 'pending'::text) AND (next_attempt_at >= '9999-01-01 00:00:00+00'::timestamp with time zone));
+
+CREATE UNIQUE INDEX webhook_delivery_pkey ON public.webhook_delivery USING btree (delivery_id);
+
+CREATE INDEX webhook_delivery_terminal ON public.webhook_delivery USING btree (updated_at) WHERE (state = ANY (ARRAY['succeeded'::text, 'dead'::text]));
+
+CREATE UNIQUE INDEX webhook_destination_pkey ON public.webhook_destination USING btree (destination_id);
+
+CREATE INDEX webhook_event_created ON public.webhook_event USING btree (created_at);
+
+CREATE UNIQUE INDEX webhook_event_pkey ON public.webhook_event USING btree (event_id);
+
+-- Triggers ---------------------------------------------------------------------------------------
+
+CREATE TRIGGER webhook_delivery_immutable BEFORE UPDATE OF delivery_id, destination_id, asset_id, event_type, payload, body, created_at ON public.webhook_delivery FOR EACH ROW EXECUTE FUNCTION media_hooks_delivery_is_immutable();
+
+CREATE TRIGGER webhook_delivery_release_queue_head AFTER UPDATE OF state, closed_reason ON public.webhook_delivery FOR EACH ROW WHEN ((((new.state = 'succeeded'::text) AND (old.state <> 'succeeded'::text)) OR ((new.closed_reason IS NOT NULL) AND (old.closed_reason IS NULL)))) EXECUTE FUNCTION media_hooks_release_queue_head_v1();
+
+CREATE TRIGGER webhook_delivery_release_queue_head_on_purge AFTER DELETE ON public.webhook_delivery FOR EACH ROW WHEN (((old.state <> 'succeeded'::text) AND (old.closed_reason IS NULL))) EXECUTE FUNCTION media_hooks_release_queue_head_v1();
+
+-- Sequences --------------------------------------------------------------------------------------
+
+CREATE SEQUENCE media_hooks_emit_seq;
+
+-- Functions --------------------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION public.media_hooks_acquire_permits_v2(p_destination_id text, p_want integer, p_holder text, p_hold_seconds double precision, p_slot_poll_seconds double precision, p_disabled_poll_seconds double precision, p_ahead_seconds double precision, p_release integer[] DEFAULT '{}'::integer[])
+ RETURNS TABLE(slots integer[], starts double precision[], granted_at timestamp with time zone, retry_in double precision, reason text)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    lim destination_limiter;
+    dest webhook_destination;
+    now_ts timestamptz;
+    untils timestamptz[];
+    holders bigint[];
+    empty_in double precision;
+    tokens integer;
+    in_flight integer := 0;
+    next_expiry timestamptz;
+    free_slots integer;
+    n integer;
+    got integer[] := '{}';
+    holder_key bigint := media_hooks_holder_key_v1(p_holder);
+    rate_bound boolean;
+    rate_wait double precision := 0;
+    slot_wait double precision := 0;
+BEGIN
+    IF p_ahead_seconds IS NULL OR p_ahead_seconds < 0 THEN
+        RAISE EXCEPTION 'p_ahead_seconds must be 0 or more, got %', p_ahead_seconds;
+    END IF;
+    IF cardinality(p_release) > 0 THEN
+        PERFORM media_hooks_release_permits_v1(p_destination_id, p_release, p_holder);
+    END IF;
+    lim := media_hooks_lock_limiter_v1(p_destination_id);
+    -- Read after the lock, with a fresh snapshot: a grant sees every earlier grant, release and
+    -- pause, and its clock is later than theirs.
+    SELECT * INTO dest FROM webhook_destination d WHERE d.destination_id = p_destination_id;
+    now_ts := clock_timestamp();
+
+    IF NOT dest.enabled THEN
+        RETURN QUERY SELECT '{}'::integer[], '{}'::double precision[], now_ts,
+            p_disabled_poll_seconds, 'disabled'::text;
+        RETURN;
+    END IF;
+    IF dest.paused_until > now_ts THEN
+        RETURN QUERY SELECT '{}'::integer[], '{}'::double precision[], now_ts,
+            extract(epoch FROM dest.paused_until - now_ts)::double precision,
+            format('paused until %s (%s)',
+                   to_char(dest.paused_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+                   coalesce(dest.paused_reason, 'no reason given'));
+        RETURN;
+    END IF;
+
+    empty_in := media_hooks_empty_in_v1(lim.level, lim.level_at, dest.rate_per_second, now_ts);
+    tokens := media_hooks_starts_allowed_v1(
+        empty_in, dest.rate_per_second, dest.burst, p_ahead_seconds);
+
+    -- Every unexpired hold counts, including slots above a lowered max_in_flight.
+    untils := lim.slot_until;
+    holders := lim.slot_holder;
+    FOR i IN 1 .. coalesce(array_length(untils, 1), 0) LOOP
+        IF untils[i] > now_ts THEN
+            in_flight := in_flight + 1;
+            next_expiry := least(next_expiry, untils[i]);
+        END IF;
+    END LOOP;
+    free_slots := greatest(dest.max_in_flight - in_flight, 0);
+
+    n := least(p_want, tokens, free_slots);
+    IF n > 0 THEN
+        -- Lowest free slots first; an index past the end of the arrays extends them.
+        FOR i IN 1 .. dest.max_in_flight LOOP
+            EXIT WHEN cardinality(got) = n;
+            IF untils[i] IS NULL OR untils[i] <= now_ts THEN
+                untils[i] := now_ts + make_interval(secs => p_hold_seconds);
+                holders[i] := holder_key;
+                got := got || i;
+            END IF;
+        END LOOP;
+        -- A start promised ahead keeps the level above burst until its moment.
+        UPDATE destination_limiter l
+           SET level = media_hooks_level_after_v1(
+                   empty_in, dest.rate_per_second, p_ahead_seconds, n),
+               level_at = now_ts,
+               slot_until = untils, slot_holder = holders
+         WHERE l.destination_id = p_destination_id;
+        IF n = p_want THEN
+            RETURN QUERY SELECT got,
+                media_hooks_start_offsets_v1(
+                    empty_in, dest.rate_per_second, dest.burst, p_ahead_seconds, n),
+                now_ts, 0::double precision, NULL::text;
+            RETURN;
+        END IF;
+    END IF;
+
+    rate_bound := tokens <= n;
+    IF rate_bound THEN
+        -- The next start, the (n + 1)-th, is worth asking for once it is within the horizon.
+        rate_wait := media_hooks_rate_wait_v1(
+            empty_in, dest.rate_per_second, dest.burst, p_ahead_seconds, n);
+    END IF;
+    IF free_slots <= n THEN
+        -- Releases are not announced: ask again after a short poll, or when a hold expires.
+        slot_wait := least(p_slot_poll_seconds,
+            greatest(coalesce(extract(epoch FROM next_expiry - now_ts)::double precision,
+                              p_slot_poll_seconds), 0));
+    END IF;
+    RETURN QUERY SELECT got,
+        media_hooks_start_offsets_v1(
+            empty_in, dest.rate_per_second, dest.burst, p_ahead_seconds, greatest(n, 0)),
+        now_ts, greatest(rate_wait, slot_wait),
+        CASE WHEN rate_bound AND rate_wait >= slot_wait THEN 'rate' ELSE 'in flight' END;
+END;
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_delivery_is_immutable()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF NEW.delivery_id IS DISTINCT FROM OLD.delivery_id
+       OR NEW.destination_id IS DISTINCT FROM OLD.destination_id
+       OR NEW.asset_id IS DISTINCT FROM OLD.asset_id
+       OR NEW.event_type IS DISTINCT FROM OLD.event_type
+       OR NEW.payload IS DISTINCT FROM OLD.payload
+       OR NEW.body IS DISTINCT FROM OLD.body
+       OR NEW.created_at IS DISTINCT FROM OLD.created_at THEN
+        RAISE EXCEPTION 'delivery % is immutable: a payload revision is a new delivery_id', OLD.delivery_id
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END;
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_empty_in_v1(p_level double precision, p_level_at timestamp with time zone, p_rate double precision, p_at timestamp with time zone)
+ RETURNS double precision
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT greatest(p_level / p_rate - extract(epoch FROM p_at - p_level_at)::double precision, 0)
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_end_leases_v1(p_delivery_ids text[], p_expired_only boolean, p_cause text, p_error text)
+ RETURNS TABLE(delivery_id text, state text)
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH ending AS (
+        SELECT d.delivery_id, d.lease_token, d.attempt_count,
+               CASE
+                   -- In seconds, not as an interval: no stored value can overflow the test.
+                   WHEN extract(epoch FROM now() - d.budget_started_at) >= w.max_age_seconds
+                       THEN 'dead: older than the maximum delivery age (' || w.max_age_seconds
+                            || ' s); the last lease ended without an outcome (' || p_cause || ')'
+                   WHEN d.budget_used >= w.max_attempts
+                       THEN 'dead: retry budget spent (' || w.max_attempts
+                            || ' attempts); the last lease ended without an outcome ('
+                            || p_cause || ')'
+               END AS death
+        FROM webhook_delivery AS d
+        JOIN webhook_destination AS w ON w.destination_id = d.destination_id
+        WHERE d.delivery_id = ANY (p_delivery_ids)
+          -- As one CASE (0004's reason): the state can only filter rows found by key, never
+          -- send the planner to the partial index of leased rows.
+          AND CASE WHEN d.state = 'leased' THEN NOT p_expired_only OR d.lease_until < now()
+                   ELSE false END
+        FOR UPDATE OF d SKIP LOCKED
+    ),
+    moved AS (
+        UPDATE webhook_delivery AS d
+        SET state = CASE WHEN ending.death IS NULL THEN 'pending' ELSE 'dead' END,
+            next_attempt_at = now(),
+            lease_until = NULL,
+            lease_token = NULL,
+            last_outcome = 'ambiguous',
+            last_error = p_error,
+            wait_reason = coalesce(ending.death, p_cause || ': due again now'),
+            updated_at = now()
+        FROM ending
+        WHERE d.delivery_id = ending.delivery_id
+        RETURNING d.delivery_id, d.state, ending.lease_token, ending.attempt_count
+    ),
+    closed AS (
+        UPDATE delivery_attempt AS a
+        SET finished_at = now(),
+            outcome = 'ambiguous',
+            error = p_error,
+            retry_reason = p_cause
+        FROM moved
+        WHERE a.delivery_id = moved.delivery_id
+          AND a.attempt_no = moved.attempt_count
+          AND a.lease_token = moved.lease_token
+          AND a.finished_at IS NULL
+    )
+    SELECT moved.delivery_id, moved.state FROM moved;
+END;
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_event_delivery_id_v1(p_event_id text, p_destination_id text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE STRICT
+AS $function$
+    SELECT 'fan_' || left(encode(sha256(convert_to(p_event_id || '/' || p_destination_id, 'UTF8')), 'hex'), 32)
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_free_slots_v1(INOUT untils timestamp with time zone[], INOUT holders bigint[], p_slots integer[], p_holder_key bigint, OUT released integer)
+ RETURNS record
+ LANGUAGE plpgsql
+ IMMUTABLE
+AS $function$
+DECLARE
+    slot integer;
+BEGIN
+    released := 0;
+    FOREACH slot IN ARRAY p_slots LOOP
+        IF holders[slot] = p_holder_key AND untils[slot] IS NOT NULL THEN
+            untils[slot] := NULL;
+            holders[slot] := NULL;
+            released := released + 1;
+        END IF;
+    END LOOP;
+END;
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_held_by_v2(p_ordering text, p_coalescing text, p_destination_id text, p_asset_id text, p_event_type text, p_created_at timestamp with time zone, p_emit_seq bigint, p_delivery_id text)
+ RETURNS SETOF text
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT e.delivery_id
+    FROM webhook_delivery AS e
+    WHERE p_ordering = 'asset'
+      AND e.destination_id = p_destination_id AND e.asset_id = p_asset_id
+      AND e.state <> 'succeeded' AND e.closed_reason IS NULL
+      AND (e.created_at, e.emit_seq) < (p_created_at, p_emit_seq)
+    UNION ALL
+    SELECT e.delivery_id
+    FROM webhook_delivery AS e
+    WHERE p_ordering = 'asset'
+      AND e.destination_id = p_destination_id AND e.asset_id = p_asset_id
+      AND e.state <> 'succeeded' AND e.closed_reason IS NULL
+      AND e.created_at = p_created_at AND e.emit_seq IS NULL
+      AND (p_emit_seq IS NOT NULL OR e.delivery_id < p_delivery_id)
+    UNION ALL
+    SELECT n.delivery_id
+    FROM webhook_delivery AS n
+    WHERE p_coalescing = 'asset'
+      AND n.destination_id = p_destination_id AND n.asset_id = p_asset_id
+      AND n.state <> 'succeeded' AND n.closed_reason IS NULL
+      AND n.event_type = p_event_type
+      AND n.delivery_id <> p_delivery_id
+      AND ((n.created_at, coalesce(n.emit_seq, 0), n.delivery_id)
+               > (p_created_at, coalesce(p_emit_seq, 0), p_delivery_id)
+           OR n.state IN ('enqueued', 'leased'))
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_holder_key_v1(p_holder text)
+ RETURNS bigint
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$ SELECT hashtextextended(p_holder, 0) $function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_horizon_v1(p_ahead double precision, p_rate double precision)
+ RETURNS double precision
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$ SELECT least(p_ahead, 1 / p_rate) $function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_in_cohort(delivery webhook_delivery, destination_ids text[], event_types text[], asset_ids text[], created_after timestamp with time zone, created_before timestamp with time zone)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT (cardinality(destination_ids) = 0 OR delivery.destination_id = ANY (destination_ids))
+       AND (cardinality(event_types) = 0 OR delivery.event_type = ANY (event_types))
+       AND (cardinality(asset_ids) = 0 OR delivery.asset_id = ANY (asset_ids))
+       AND (created_after IS NULL OR delivery.created_at >= created_after)
+       AND (created_before IS NULL OR delivery.created_at < created_before)
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_lease_v2(p_run_id text, p_delivery_ids text[], p_message_ids text[], p_lease_seconds double precision)
+ RETURNS TABLE(delivery_id text, message_id text, lease_token uuid, attempt_no integer, budget_used integer, body bytea)
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET enable_seqscan TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    leased_now integer;
+    leased_total integer := 0;
+BEGIN
+    FOR pass IN 1 .. 2 LOOP
+        RETURN QUERY
+        WITH wanted AS (
+            SELECT *
+            FROM unnest(p_delivery_ids, p_message_ids) AS w(delivery_id, message_id)
+        ),
+        leased AS (
+            UPDATE webhook_delivery AS d
+            SET state = 'leased',
+                lease_token = gen_random_uuid(),
+                lease_until = now() + make_interval(secs => p_lease_seconds),
+                attempt_count = d.attempt_count + 1,
+                budget_used = d.budget_used + 1,
+                updated_at = now()
+            FROM wanted
+            WHERE d.delivery_id = wanted.delivery_id
+              AND d.current_message_id = wanted.message_id
+              AND CASE d.state
+                      WHEN 'enqueued' THEN true
+                      WHEN 'pending' THEN d.next_attempt_at <= now()
+                      ELSE false
+                  END
+            RETURNING d.delivery_id, d.destination_id, d.current_message_id AS message_id,
+                      d.lease_token, d.attempt_count AS attempt_no, d.budget_used, d.body
+        ),
+        opened AS (
+            INSERT INTO delivery_attempt
+                (delivery_id, attempt_no, destination_id, message_id, run_id, lease_token)
+            SELECT l.delivery_id, l.attempt_no, l.destination_id, l.message_id, p_run_id,
+                   l.lease_token
+            FROM leased AS l
+        )
+        SELECT l.delivery_id, l.message_id, l.lease_token, l.attempt_no, l.budget_used, l.body
+        FROM leased AS l;
+        GET DIAGNOSTICS leased_now = ROW_COUNT;
+        leased_total := leased_total + leased_now;
+        EXIT WHEN pass = 2 OR leased_total = cardinality(p_delivery_ids);
+        -- Some were not leased: those whose lease expired end now; the second pass leases the
+        -- ones that came out pending (the rest were leased already, or are stale or terminal).
+        PERFORM 1 FROM media_hooks_end_leases_v1(
+            p_delivery_ids, true,
+            'lease expiry (taken over by run ' || p_run_id || ')',
+            'lease expired before an outcome was recorded (worker lost or too slow)') AS ended
+        WHERE ended.state = 'pending';
+        EXIT WHEN NOT FOUND;
+    END LOOP;
+END;
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_lease_with_permits_v4(p_destination_id text, p_holder text, p_hold_seconds double precision, p_slot_poll_seconds double precision, p_disabled_poll_seconds double precision, p_ahead_seconds double precision, p_release integer[], p_run_id text, p_delivery_ids text[], p_message_ids text[])
+ RETURNS TABLE(examined integer, granted_at timestamp with time zone, retry_in double precision, reason text, slot integer, start_at timestamp with time zone, answered_at timestamp with time zone, delivery_id text, message_id text, lease_token uuid, attempt_no integer, budget_used integer, body bytea)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    lim destination_limiter;
+    dest webhook_destination;
+    holder_key bigint := media_hooks_holder_key_v1(p_holder);
+    untils timestamptz[];
+    holders bigint[];
+    changed boolean := false;
+    released integer;
+    empty_in double precision;
+    tokens integer;
+    in_flight integer := 0;
+    next_expiry timestamptz;
+    free_slots integer;
+    granted integer;
+    got integer[] := '{}';
+    rate_bound boolean;
+    rate_wait double precision := 0;
+    slot_wait double precision := 0;
+    -- The leases, column by column: rows are returned once their starts are scheduled.
+    leased_ids text[];
+    leased_messages text[];
+    tokens_out uuid[];
+    attempts integer[];
+    budgets integer[];
+    bodies bytea[];
+    used integer;
+    leased_at timestamptz;
+    offsets double precision[];
+BEGIN
+    IF p_ahead_seconds IS NULL OR p_ahead_seconds < 0 THEN
+        RAISE EXCEPTION 'p_ahead_seconds must be 0 or more, got %', p_ahead_seconds;
+    END IF;
+    lim := media_hooks_lock_limiter_v1(p_destination_id);
+    -- Read after the lock, with a fresh snapshot: a grant sees every earlier grant, release and
+    -- pause, and its clock is later than theirs.
+    SELECT * INTO dest FROM webhook_destination d WHERE d.destination_id = p_destination_id;
+    granted_at := clock_timestamp();
+    untils := lim.slot_until;
+    holders := lim.slot_holder;
+
+    -- Finished requests' slots first (media_hooks_release_permits_v1's rule: only this
+    -- holder's holds).
+    FOREACH released IN ARRAY coalesce(p_release, '{}') LOOP
+        IF holders[released] = holder_key AND untils[released] IS NOT NULL THEN
+            untils[released] := NULL;
+            holders[released] := NULL;
+            changed := true;
+        END IF;
+    END LOOP;
+
+    -- The grant: media_hooks_acquire_permits_v2's rule. Nothing while disabled or paused.
+    IF NOT dest.enabled THEN
+        granted := 0;
+        retry_in := p_disabled_poll_seconds;
+        reason := 'disabled';
+    ELSIF dest.paused_until > granted_at THEN
+        granted := 0;
+        retry_in := extract(epoch FROM dest.paused_until - granted_at)::double precision;
+        reason := format('paused until %s (%s)',
+                         to_char(dest.paused_until AT TIME ZONE 'UTC',
+                                 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+                         coalesce(dest.paused_reason, 'no reason given'));
+    ELSE
+        empty_in := media_hooks_empty_in_v1(
+            lim.level, lim.level_at, dest.rate_per_second, granted_at);
+        tokens := media_hooks_starts_allowed_v1(
+            empty_in, dest.rate_per_second, dest.burst, p_ahead_seconds);
+        -- Every unexpired hold counts, including slots above a lowered max_in_flight.
+        FOR i IN 1 .. coalesce(array_length(untils, 1), 0) LOOP
+            IF untils[i] > granted_at THEN
+                in_flight := in_flight + 1;
+                next_expiry := least(next_expiry, untils[i]);
+            END IF;
+        END LOOP;
+        free_slots := greatest(dest.max_in_flight - in_flight, 0);
+        granted := least(cardinality(p_delivery_ids), tokens, free_slots);
+        -- Lowest free slots first; an index past the end of the arrays extends them.
+        FOR i IN 1 .. dest.max_in_flight LOOP
+            EXIT WHEN cardinality(got) >= granted;
+            IF untils[i] IS NULL OR untils[i] <= granted_at THEN
+                untils[i] := granted_at + make_interval(secs => p_hold_seconds);
+                holders[i] := holder_key;
+                got := got || i;
+            END IF;
+        END LOOP;
+        IF granted > 0 THEN
+            -- The grant's starts, as acquire_permits_v2 counts them (withdrawn below: only
+            -- the leased ones are scheduled).
+            lim.level := media_hooks_level_after_v1(
+                empty_in, dest.rate_per_second, p_ahead_seconds, granted);
+            lim.level_at := granted_at;
+        END IF;
+        retry_in := 0;
+        IF granted = 0 OR granted < cardinality(p_delivery_ids) THEN
+            rate_bound := tokens <= granted;
+            IF rate_bound THEN
+                -- The next start is worth asking for once it is within the horizon.
+                rate_wait := media_hooks_rate_wait_v1(
+                    empty_in, dest.rate_per_second, dest.burst, p_ahead_seconds, granted);
+            END IF;
+            IF free_slots <= granted THEN
+                -- Releases are not announced: ask again after a short poll, or when a hold
+                -- expires.
+                slot_wait := least(p_slot_poll_seconds,
+                    greatest(coalesce(extract(epoch FROM next_expiry - granted_at)::double precision,
+                                      p_slot_poll_seconds), 0));
+            END IF;
+            retry_in := greatest(rate_wait, slot_wait);
+            reason := CASE WHEN rate_bound AND rate_wait >= slot_wait THEN 'rate'
+                           ELSE 'in flight' END;
+        END IF;
+    END IF;
+    examined := granted;
+
+    IF granted > 0 THEN
+        SELECT coalesce(array_agg(l.delivery_id ORDER BY l.n), '{}'),
+               coalesce(array_agg(l.message_id ORDER BY l.n), '{}'),
+               coalesce(array_agg(l.lease_token ORDER BY l.n), '{}'),
+               coalesce(array_agg(l.attempt_no ORDER BY l.n), '{}'),
+               coalesce(array_agg(l.budget_used ORDER BY l.n), '{}'),
+               coalesce(array_agg(l.body ORDER BY l.n), '{}')
+          INTO leased_ids, leased_messages, tokens_out, attempts, budgets, bodies
+          FROM media_hooks_lease_v2(
+              p_run_id, p_delivery_ids[1:granted], p_message_ids[1:granted], p_hold_seconds)
+               WITH ORDINALITY
+               AS l (delivery_id, message_id, lease_token, attempt_no, budget_used, body, n);
+        used := cardinality(leased_ids);
+        -- Offers no longer theirs to send give their slots back at once.
+        FOR i IN used + 1 .. granted LOOP
+            untils[got[i]] := NULL;
+            holders[got[i]] := NULL;
+        END LOOP;
+        -- v3's schedule: the grant's starts withdrawn, the rest of the bucket drained until
+        -- now, and the leased starts scheduled from the moment the lease is made (0009): a
+        -- lease that waited on a lock neither spends the starts of the time it waited nor
+        -- sends them on top of the next grant. A start promised ahead keeps the level above
+        -- burst until its moment.
+        leased_at := clock_timestamp();
+        empty_in := media_hooks_empty_in_v1(lim.level - granted, lim.level_at,
+                                            dest.rate_per_second, leased_at);
+        offsets := media_hooks_start_offsets_v1(
+            empty_in, dest.rate_per_second, dest.burst, p_ahead_seconds, used);
+        lim.level := media_hooks_level_after_v1(
+            empty_in, dest.rate_per_second, p_ahead_seconds, used);
+        lim.level_at := leased_at;
+        changed := true;
+    END IF;
+
+    IF changed THEN
+        UPDATE destination_limiter l
+           SET level = lim.level, level_at = lim.level_at,
+               slot_until = untils, slot_holder = holders
+         WHERE l.destination_id = p_destination_id;
+    END IF;
+    answered_at := clock_timestamp();
+    IF reason = 'rate' AND granted > 0 THEN
+        retry_in := greatest(
+            media_hooks_rate_wait_v1(empty_in, dest.rate_per_second, dest.burst,
+                                     p_ahead_seconds, used)
+            - extract(epoch FROM answered_at - leased_at)::double precision,
+            0);
+    END IF;
+
+    IF coalesce(used, 0) = 0 THEN
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    FOR i IN 1 .. used LOOP
+        slot := got[i];
+        start_at := leased_at + make_interval(secs => offsets[i]);
+        delivery_id := leased_ids[i];
+        message_id := leased_messages[i];
+        lease_token := tokens_out[i];
+        attempt_no := attempts[i];
+        budget_used := budgets[i];
+        body := bodies[i];
+        RETURN NEXT;
+    END LOOP;
+END;
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_level_after_v1(p_empty_in double precision, p_rate double precision, p_ahead double precision, p_count integer)
+ RETURNS double precision
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT p_rate * media_hooks_restart_in_v1(p_empty_in, p_rate, p_ahead) + p_count
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_lock_limiter_v1(p_destination_id text)
+ RETURNS destination_limiter
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    lim destination_limiter;
+BEGIN
+    SELECT * INTO lim FROM destination_limiter l
+     WHERE l.destination_id = p_destination_id FOR UPDATE;
+    IF FOUND THEN
+        RETURN lim;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM webhook_destination d WHERE d.destination_id = p_destination_id) THEN
+        RAISE EXCEPTION 'unknown destination %', p_destination_id USING ERRCODE = 'no_data_found';
+    END IF;
+    INSERT INTO destination_limiter (destination_id) VALUES (p_destination_id)
+    ON CONFLICT (destination_id) DO NOTHING;
+    SELECT * INTO lim FROM destination_limiter l
+     WHERE l.destination_id = p_destination_id FOR UPDATE;
+    RETURN lim;
+END;
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_parking_v2(p_held boolean, p_due timestamp with time zone)
+ RETURNS TABLE(next_attempt_at timestamp with time zone, wait_reason text)
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+    SELECT CASE WHEN p_held THEN timestamptz '9999-01-01 00:00:00+00' ELSE p_due END,
+           CASE WHEN p_held THEN 'held behind an earlier delivery of its asset (ordered destination)' END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_pause_destination_v1(p_destination_id text, p_seconds double precision, p_reason text)
+ RETURNS TABLE(paused_from timestamp with time zone, paused_until timestamp with time zone)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    now_ts timestamptz;
+    until_ts timestamptz;
+BEGIN
+    PERFORM media_hooks_lock_limiter_v1(p_destination_id);
+    now_ts := clock_timestamp();
+    until_ts := now_ts + make_interval(secs => p_seconds);
+    UPDATE webhook_destination d
+       SET paused_reason = CASE WHEN d.paused_until >= until_ts THEN d.paused_reason ELSE p_reason END,
+           paused_until = greatest(d.paused_until, until_ts),
+           updated_at = now_ts
+     WHERE d.destination_id = p_destination_id
+    RETURNING d.paused_until INTO until_ts;
+    RETURN QUERY SELECT now_ts, until_ts;
+END;
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_rate_wait_v1(p_empty_in double precision, p_rate double precision, p_burst integer, p_ahead double precision, p_count integer)
+ RETURNS double precision
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT greatest(media_hooks_restart_in_v1(p_empty_in, p_rate, p_ahead)
+                    + (p_count + 1 - p_burst) / p_rate
+                    - media_hooks_horizon_v1(p_ahead, p_rate), 0)
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_release_holder_v1(p_holder text)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    holder_key bigint := media_hooks_holder_key_v1(p_holder);
+    lim destination_limiter;
+    slot integer;
+    released integer := 0;
+BEGIN
+    FOR lim IN
+        SELECT * FROM destination_limiter l
+         WHERE holder_key = ANY (l.slot_holder)
+         ORDER BY l.destination_id
+           FOR UPDATE
+    LOOP
+        FOR slot IN 1 .. coalesce(array_length(lim.slot_holder, 1), 0) LOOP
+            IF lim.slot_holder[slot] = holder_key AND lim.slot_until[slot] IS NOT NULL THEN
+                lim.slot_until[slot] := NULL;
+                lim.slot_holder[slot] := NULL;
+                released := released + 1;
+            END IF;
+        END LOOP;
+        UPDATE destination_limiter l SET slot_until = lim.slot_until, slot_holder = lim.slot_holder
+         WHERE l.destination_id = lim.destination_id;
+    END LOOP;
+    RETURN released;
+END;
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_release_permits_v1(p_destination_id text, p_slots integer[], p_holder text)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    lim destination_limiter;
+    freed record;
+BEGIN
+    SELECT * INTO lim FROM destination_limiter l
+     WHERE l.destination_id = p_destination_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    SELECT * INTO freed FROM media_hooks_free_slots_v1(
+        lim.slot_until, lim.slot_holder, p_slots, media_hooks_holder_key_v1(p_holder));
+    IF freed.released > 0 THEN
+        UPDATE destination_limiter l SET slot_until = freed.untils, slot_holder = freed.holders
+         WHERE l.destination_id = p_destination_id;
+    END IF;
+    RETURN freed.released;
+END;
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_release_queue_head_v1()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF EXISTS (SELECT 1 FROM webhook_destination AS w
+               WHERE w.destination_id = OLD.destination_id AND w.ordering = 'asset') THEN
+        UPDATE webhook_delivery AS d
+        SET next_attempt_at = CASE WHEN d.next_attempt_at >= timestamptz '9999-01-01 00:00:00+00'
+                                   THEN now() ELSE d.next_attempt_at END,
+            wait_reason = CASE WHEN d.next_attempt_at >= timestamptz '9999-01-01 00:00:00+00'
+                               THEN 'released: the earlier deliveries of its asset are done'
+                               ELSE d.wait_reason END
+        WHERE d.delivery_id = (
+                SELECT e.delivery_id
+                FROM webhook_delivery AS e
+                WHERE e.destination_id = OLD.destination_id AND e.asset_id = OLD.asset_id
+                  AND e.state <> 'succeeded' AND e.closed_reason IS NULL
+                  AND e.delivery_id <> OLD.delivery_id
+                ORDER BY e.created_at, coalesce(e.emit_seq, 0), e.delivery_id
+                LIMIT 1)
+          AND d.state = 'pending';
+    END IF;
+    RETURN NULL;
+END;
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_restart_in_v1(p_empty_in double precision, p_rate double precision, p_ahead double precision)
+ RETURNS double precision
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT greatest(p_empty_in, media_hooks_horizon_v1(p_ahead, p_rate) / 2)
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_rfc3339_v1(moment timestamp with time zone)
+ RETURNS text
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+    SELECT to_char(moment AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_scope_ok_v1(p_scope text)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT p_scope IN ('none', 'asset')
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_secrets_well_formed_v1(p_secrets text[])
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT coalesce(bool_and(s ~ '^(whsec_[A-Za-z0-9+/]+={0,2}|fernet:[A-Za-z0-9_-]+={0,2})$'), true)
+    FROM unnest(p_secrets) AS s
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_start_offsets_v1(p_empty_in double precision, p_rate double precision, p_burst integer, p_ahead double precision, p_count integer)
+ RETURNS double precision[]
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT coalesce(array_agg(
+               CASE WHEN p_empty_in + (k - p_burst) / p_rate <= 1e-9 THEN 0
+                    ELSE media_hooks_restart_in_v1(p_empty_in, p_rate, p_ahead)
+                         + (k - p_burst) / p_rate
+               END ORDER BY k),
+           '{}')
+      FROM generate_series(1, p_count) AS k
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_starts_allowed_v1(p_empty_in double precision, p_rate double precision, p_burst integer, p_ahead double precision)
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT greatest(
+        floor(p_burst
+              + p_rate * (media_hooks_horizon_v1(p_ahead, p_rate)
+                          - media_hooks_restart_in_v1(p_empty_in, p_rate, p_ahead))
+              + 1e-9)::integer,
+        0)
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_subscribed_v1(p_destination_id text, p_event_type text)
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+    SELECT NOT EXISTS (SELECT 1 FROM destination_subscription s
+                       WHERE s.destination_id = p_destination_id)
+        OR EXISTS (SELECT 1 FROM destination_subscription s
+                   WHERE s.destination_id = p_destination_id
+                     AND (s.pattern = p_event_type
+                          OR (right(s.pattern, 2) = '.*'
+                              AND starts_with(p_event_type, left(s.pattern, -1)))))
+$function$;

@@ -46,8 +46,8 @@ from bench.soak_table import measure, render
 LEASE_SECONDS = 8.0
 ENQUEUE_TIMEOUT_SECONDS = 20.0
 # With 8 in flight instead of 3, the default size's publisher saw up to 7 starts over the
-# envelope in 0.5-2.6 s windows on 7 of 20 destinations (bench/results/
-# soak-default-8-in-flight.md); with 3, at most 2.9. Whether that is arrivals bunching behind
+# envelope in 0.5-2.6 s windows on 7 of 20 destinations (soak-default-8-in-flight.md in git
+# history under bench/results/); with 3, at most 2.9. Whether that is arrivals bunching behind
 # the machine's scheduling (bounded by what is in flight) or a hole bounded by the in-flight
 # ceiling is not settled: the publisher cannot tell a grant's time. See the issue-12 report.
 BURST, MAX_IN_FLIGHT, TIMEOUT_SECONDS = 8, 3, 1.5

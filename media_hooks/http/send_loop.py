@@ -3,7 +3,8 @@
 A run has tens of destinations and hundreds of requests in flight, most of them waiting on a
 slow receiver. Waiting in an event loop costs one ``epoll`` wake-up per answer; waiting in a
 thread per request cost a GIL hand-over at every socket call, several per request, which on
-two CPUs was a third of the run's CPU time (bench/results/cpu-529c251). The destinations'
+two CPUs was a third of the run's CPU time (the CPU report of commit 18849cf, in git history
+under bench/results/cpu-529c251). The destinations'
 workers stay threads (each holds its database connection and blocks on it) and hand their
 requests to the loop with ``submit``, which any thread may call.
 
@@ -27,7 +28,8 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
     On fifty slow publishers, in alternating runs of the same hour, a delivery cost 5-9% less
     of the machine's CPU on uvloop; where that CPU decided the rate, uvloop reached 0.88 of the
-    sum of the limits against asyncio's 0.81 (bench/results/paired-uvloop-2026-12-04).
+    sum of the limits against asyncio's 0.81 (paired runs of commit 8b1768c, in git history under
+    bench/results/paired-uvloop-2026-12-04).
     """
     try:
         import uvloop

@@ -11,7 +11,7 @@ Each measured process is a process group of its own inside the harness's session
 of its own. Linux's autogroup scheduler (``/proc/sys/kernel/sched_autogroup_enabled``) makes
 every session one scheduling group, and PostgreSQL makes every backend a session of its own: on
 a small machine that also runs the server and the receiver, a CPU-bound run in a session of its
-own measured the scheduler's split more than the path (the README's Performance section has the
+own measured the scheduler's split more than the path (docs/performance.md has the
 figures). ``python -m bench --own-sessions`` measures that arrangement (as ``setsid`` or cron
 start a process).
 """

@@ -2,8 +2,8 @@
 
 One section per measurement: its size, a table of every path's figures (median, min-max and
 the number of runs), the ratios measured in the same session, its notes and its plot. Before
-them: the machine, and every target with its measured value. After them: the text of the
-README's "Performance" section, with the headline ratios and one plot.
+them: the machine, and every target with its measured value. After them: the headline ratios
+and one plot, as text for docs/performance.md.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def machine_section(document: Document) -> str:
 
 
 def _headline(document: Document) -> list[str]:
-    """The README's headline lines: one per measurement that has its key ratio."""
+    """The headline lines: one per measurement that has its key ratio."""
     measurements = document["measurements"]
     lines = []
 
@@ -252,7 +252,7 @@ def _headline(document: Document) -> list[str]:
 
 
 def performance_section(document: Document) -> str:
-    """The README's "Performance" section (the lead merges it): headline ratios, one plot."""
+    """The headline ratios and one plot, as text for docs/performance.md."""
     lines = [
         "## Performance",
         "",
@@ -302,8 +302,8 @@ def render(document: Document) -> str:
         if name in measurements
     ]
     body.append(
-        '## For the README\n\nThe text below is generated for the README\'s "Performance" '
-        "section:\n\n"
+        "## For docs/performance.md\n\nThe text below is generated for docs/performance.md's "
+        '"The current report":\n\n'
         + "\n".join(
             "> " + line if line else ">" for line in performance_section(document).splitlines()
         )

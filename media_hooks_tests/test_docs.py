@@ -123,11 +123,6 @@ def tracked_text_files() -> list[Path]:
     return files
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="code comments and docstrings still cite the design notes kept outside the "
-    "repository; they move to docs/architecture.md and docs/contract.md with issue 32",
-)
 def test_no_tracked_file_points_outside_the_repository():
     mentions = [
         f"{path.relative_to(ROOT)}: {name}"

@@ -133,7 +133,7 @@ class Setting(NamedTuple):
 
 # Beyond these a setting breaks the engine (1e-300/s overflows the wait before a start; a
 # backoff of 1e300 s overflows the due time) or the machine (a connection per request in flight)
-# (README, "Destination settings").
+# (docs/contract.md, "Destination settings").
 RANGES = {
     "rate_per_second": Setting(
         "rate", Range(0.001, 1_000_000, low_inclusive=True, unit="starts per second")

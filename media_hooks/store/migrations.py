@@ -114,7 +114,7 @@ def _check_unchanged(
     for version, (name, digest) in sorted(applied.items()):
         migration = by_version.get(version)
         if migration is None and version > newest_known:
-            # The next release's schema, applied under this one (README, "Upgrading": schema
+            # The next release's schema, applied under this one (docs/upgrading.md: schema
             # first, then workers): migrations only add, so this code works on it unchanged,
             # and a rollback to it must too.
             continue

@@ -101,7 +101,7 @@ def test_changed_migration_is_refused(database_url, monkeypatch):
 
 
 def test_the_running_release_keeps_working_on_the_next_releases_schema(database_url, monkeypatch):
-    """Schema first, then workers (README, "Upgrading"): after the next release's `db migrate`,
+    """Schema first, then workers (docs/upgrading.md): after the next release's `db migrate`,
     the running release (here: the code without the newest file) still starts, and its own
     `db migrate` has nothing to do. (The soak's mid-run migration found it refusing to start.)"""
     files = sqlfiles.load_migrations()

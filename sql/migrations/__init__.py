@@ -1,0 +1,1 @@
+"""The schema as ordered migrations; ``manifest.toml`` holds the released ones' checksums."""

@@ -1,0 +1,1 @@
+"""The named statements (``-- name:`` blocks) the engine, the CLI and the checks run."""

@@ -1,0 +1,1 @@
+"""Tests of media_hooks.outbox.maintenance."""

@@ -100,7 +100,7 @@ SIZES = {
     "ci": Size("ci", 10_000, 4, 1, 40, 4, 1_200, 400, 250, 2_000, 3, 8, 1, 3, 0.2, 1, 50),
     "report": Size("report", 60_000, 8, 2, 40, 4, 3_000, 1_000, 250, 10_000, 30, 90, 5, 3, 0.5, 4, 900),
     "baseline": Size(
-        "baseline", 300_000, 8, 2, 40, 4, 3_000, 1_000, 250, 10_000, 60, 180, 10, 3, 0.5, 4, 3_600
+        "baseline", 300_000, 8, 2, 40, 4, 3_000, 1_000, 250, 10_000, 15, 45, 5, 3, 0.5, 4, 3_600
     ),
     "issue": Size(
         "issue", 5_000_000, 8, 2, 40, 4, 3_000, 1_000, 250, 10_000, 60, 180, 10, 3, 0.5, 4, 8 * 3_600
@@ -123,11 +123,20 @@ def autovacuum_at_defaults(server: str) -> Iterator[dict[str, Any]]:
     """Autovacuum on for the run, at the server's settings; turned back off after it where the
     server had it off. Yields what was found and done, for the results."""
     with psycopg.connect(server, autocommit=True) as conn:
-        was = conn.execute("SHOW autovacuum").fetchone()[0]
+        was, source = conn.execute(
+            "SELECT setting, coalesce(sourcefile, '') FROM pg_settings WHERE name = 'autovacuum'"
+        ).fetchone()
         if was == "off":
             conn.execute("ALTER SYSTEM SET autovacuum = on")
             conn.execute("SELECT pg_reload_conf()")
             _wait_for_setting(server, "autovacuum", "on")
+    # Put back as found: an ALTER SYSTEM's off is written again, a configuration file's is
+    # uncovered by taking ours away.
+    restore = (
+        "ALTER SYSTEM SET autovacuum = off"
+        if source.endswith("postgresql.auto.conf")
+        else "ALTER SYSTEM RESET autovacuum"
+    )
     try:
         with psycopg.connect(server, autocommit=True, row_factory=dict_row) as conn:
             settings = {r["name"]: r["setting"] for r in conn.execute(AUTOVACUUM_SETTINGS)}
@@ -135,7 +144,7 @@ def autovacuum_at_defaults(server: str) -> Iterator[dict[str, Any]]:
     finally:
         if was == "off":
             with psycopg.connect(server, autocommit=True) as conn:
-                conn.execute("ALTER SYSTEM RESET autovacuum")
+                conn.execute(restore)
                 conn.execute("SELECT pg_reload_conf()")
 
 
@@ -220,6 +229,8 @@ class Windows:
             ("deliveries", "outbox_rows", "attempts", "tombstones_expired"), 0
         )
         self.retention_passes: list[float] = []
+        # The producer's and retention's own WAL so far (None: the server cannot tell).
+        self.own_wal: dict[str, int | None] = {"emit": 0, "retention": 0}
         self.terminal = 0
         self.succeeded = 0
         self.dead = 0
@@ -233,7 +244,7 @@ class Windows:
         """The first window opens when the engine is ready to deliver (its imports and pool
         are its start-up, not the load's)."""
         self.started = at
-        self.last = self.first = {"at": at, "terminal": 0, **snapshot(self.conn)}
+        self.last = self.first = self._mark(at)
         self.begun.set()
 
     def engine_line(self, line: dict[str, Any]) -> None:
@@ -252,15 +263,21 @@ class Windows:
         with self._lock:
             self.emitted = line["emitted"]
             self.emit_seconds.append(line["seconds"])
+            self.own_wal["emit"] = line["wal_bytes"]
 
     def retention_line(self, line: dict[str, Any]) -> None:
         with self._lock:
             for key in self.purged:
                 self.purged[key] += line[key]
             self.retention_passes.append(line["seconds"])
+            self.own_wal["retention"] = line["wal_bytes"]
+
+    def _mark(self, at: float) -> dict[str, Any]:
+        mark = {"at": at, "terminal": self.terminal, "own_wal": dict(self.own_wal)}
+        return {**mark, **snapshot(self.conn)}
 
     def _close(self, at: float) -> None:
-        now = {"at": at, "terminal": self.terminal, **snapshot(self.conn)}
+        now = self._mark(at)
         self.closed.append(window_figures(len(self.closed) + 1, self.last, now, self))
         self.last = now
         self.samples = {kind: [] for kind in KINDS}
@@ -308,6 +325,7 @@ def window_figures(
         }
     wal = after["wal"] - before["wal"]
     return {
+        **_wal_split(wal, deliveries, before, after),
         "window": number,
         "ended_after_seconds": round(after["at"] - windows.started, 2),
         "deliveries_done": after["terminal"],
@@ -452,6 +470,26 @@ def drive(url: str, size: Size, receiver: str, home: Path, deadline: float) -> d
     }
 
 
+def _wal_split(
+    wal: int, deliveries: int, before: dict[str, Any], after: dict[str, Any]
+) -> dict[str, float | None]:
+    """The server's WAL per delivery split into the producer's, retention's and the rest (the
+    engine's, autovacuum's, checkpoints'), where the server tells a session's own WAL."""
+    own = {}
+    for role in ("emit", "retention"):
+        then, now = before["own_wal"][role], after["own_wal"][role]
+        own[role] = None if then is None or now is None else now - then
+    split: dict[str, float | None] = {f"{role}_wal_bytes_per_delivery": None for role in own}
+    split["delivering_wal_bytes_per_delivery"] = None
+    if deliveries and None not in own.values():
+        for role, written in own.items():
+            split[f"{role}_wal_bytes_per_delivery"] = round(written / deliveries, 1)
+        split["delivering_wal_bytes_per_delivery"] = round(
+            (wal - sum(own.values())) / deliveries, 1
+        )
+    return split
+
+
 def totals_over(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
     """The whole run's WAL per delivery and HOT ratios (from the first to the last window's end)."""
     deliveries = last["terminal"] - first["terminal"]
@@ -464,6 +502,7 @@ def totals_over(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
         hot[name] = _ratio(now["n_tup_hot_upd"] - then["n_tup_hot_upd"], changed)
     wal = last["wal"] - first["wal"]
     return {
+        **_wal_split(wal, deliveries, first, last),
         "deliveries": deliveries,
         "wal_bytes": wal,
         "wal_bytes_per_delivery": round(wal / deliveries, 1) if deliveries else None,

@@ -52,6 +52,23 @@ SELECT count(*) AS due FROM webhook_delivery WHERE state = 'pending' AND next_at
 """
 
 
+def own_wal_bytes(conn: Any) -> int | None:
+    """The WAL this session has written so far (PostgreSQL 18's per-backend statistics), or
+    None on an older server: what lets the harness tell the producer's and retention's WAL from
+    the engine's. Ends the connection's transaction."""
+    try:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        conn.commit()
+        found = conn.execute(
+            "SELECT wal_bytes FROM pg_stat_get_backend_wal(pg_backend_pid())"
+        ).fetchone()
+        conn.commit()
+    except Exception:  # no such function before PostgreSQL 18
+        conn.rollback()
+        return None
+    return int(found["wal_bytes"])
+
+
 def events(start: int, count: int, destinations: list[str]) -> Iterator[Any]:
     """``count`` deliveries numbered from ``start``, spread over ``destinations`` in turn."""
     from media_hooks.emit import Event
@@ -85,8 +102,14 @@ def producer(backlog: int, batch: int, destinations: list[str]) -> None:
             counts = emit_many(conn, events(emitted, batch, destinations))
             conn.commit()
             emitted += counts.inserted
+            seconds = time.monotonic() - began
             _write(
-                {"at": time.monotonic(), "emitted": emitted, "seconds": time.monotonic() - began}
+                {
+                    "at": time.monotonic(),
+                    "emitted": emitted,
+                    "seconds": seconds,
+                    "wal_bytes": own_wal_bytes(conn),
+                }
             )
 
 
@@ -220,7 +243,12 @@ def retention(retain_seconds: float, duplicate_seconds: float, every: float) -> 
             began = time.monotonic()
             figures = retention.run_retention(conn, policy)
             _write(
-                {"at": time.monotonic(), "seconds": time.monotonic() - began, **figures.as_dict()}
+                {
+                    "at": time.monotonic(),
+                    "seconds": time.monotonic() - began,
+                    "wal_bytes": own_wal_bytes(conn),
+                    **figures.as_dict(),
+                }
             )
             stop.wait(max(every - (time.monotonic() - began), 0))
 

@@ -260,6 +260,32 @@ FROM pg_stat_user_tables WHERE relname LIKE ANY (%(patterns)s)
 """
 
 
+SIZES = """
+SELECT c.relname AS name, pg_total_relation_size(c.oid) AS bytes
+FROM pg_class AS c
+WHERE c.relkind IN ('r', 'p') AND c.relname LIKE ANY (%(patterns)s)
+"""
+
+
+def bytes_per_delivery(
+    conn: psycopg.Connection, tables: tuple[str, ...], deliveries: int
+) -> dict[str, float]:
+    """Each table's heap, indexes and TOAST (its partitions' summed) per delivery."""
+    totals = dict.fromkeys(tables, 0)
+    for row in conn.execute(SIZES, {"patterns": [f"{t}%" for t in tables]}):
+        table = max((t for t in tables if row["name"].startswith(t)), key=len)
+        totals[table] += row["bytes"]
+    return {table: round(total / deliveries, 1) for table, total in totals.items()}
+
+
+def footprint(conn: psycopg.Connection, tables: tuple[str, ...], deliveries: int) -> dict:
+    """Bytes per delivered delivery as the delivery left the tables, and after a VACUUM (what
+    a table settles at when vacuum keeps up: dead versions' space reused)."""
+    before = bytes_per_delivery(conn, tables, deliveries)
+    conn.execute("VACUUM")
+    return {"as_written": before, "after_vacuum": bytes_per_delivery(conn, tables, deliveries)}
+
+
 class Meter:
     """WAL and table counters around a phase, on one connection."""
 
@@ -422,9 +448,13 @@ def run_current(url: str, deliveries: int, fail_percent: int) -> dict[str, Any]:
                 if row["deliveries"] == 0:
                     return
 
-        return {
+        phases = {
             "emit": meter.phase(deliveries, emit),
             "deliver": meter.phase(deliveries, deliver),
+            "bytes_per_delivery": footprint(conn, meter.tables, deliveries),
+        }
+        return {
+            **phases,
             "retention": meter.phase(deliveries, purge),
             "attempts_per_delivery": round(attempts[0] / deliveries, 3),
         }
@@ -502,9 +532,13 @@ def run_proposed(url: str, deliveries: int, fail_percent: int, fillfactor: int) 
             while conn.execute(P_EXPIRE_IDENTITY, {"cutoff": "infinity"}).rowcount:
                 pass
 
-        return {
+        phases = {
             "emit": meter.phase(deliveries, emit),
             "deliver": meter.phase(deliveries, deliver),
+            "bytes_per_delivery": footprint(conn, meter.tables, deliveries),
+        }
+        return {
+            **phases,
             "retention": meter.phase(deliveries, purge),
             "attempts_per_delivery": round(attempts[0] / deliveries, 3),
         }
@@ -513,8 +547,8 @@ def run_proposed(url: str, deliveries: int, fail_percent: int, fillfactor: int) 
 def render(document: dict[str, Any]) -> str:
     lines = [
         "| layout | emit WAL B/delivery | deliver WAL B/delivery | retention WAL B/delivery "
-        "| hot row updates/delivery | HOT ratio (hot row) |",
-        "|---|---|---|---|---|---|",
+        "| hot row updates/delivery | HOT ratio (hot row) | disk B/delivery after VACUUM |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, result in document["layouts"].items():
         hot = "webhook_delivery" if name == "current" else "p_state"
@@ -523,7 +557,8 @@ def render(document: dict[str, Any]) -> str:
             f"| {name} | {result['emit']['wal_bytes_per_delivery']:,.0f} | "
             f"{result['deliver']['wal_bytes_per_delivery']:,.0f} | "
             f"{result['retention']['wal_bytes_per_delivery']:,.0f} | {deliver['upd']} | "
-            f"{deliver['hot_ratio']} |"
+            f"{deliver['hot_ratio']} | "
+            f"{sum(result['bytes_per_delivery']['after_vacuum'].values()):,.0f} |"
         )
     return "\n".join(lines)
 

@@ -568,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deliveries", type=int, default=20_000)
     parser.add_argument("--fail-percent", type=int, default=10)
     parser.add_argument(
-        "--fillfactor", type=int, action="append", help="repeatable; default 100 and 70"
+        "--fillfactor", type=int, action="append", help="repeatable; default 100, 70 and 50"
     )
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args(argv)
@@ -577,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     with Scratch(server, "mh_hot_path") as scratch:
         with scratch.database() as url:
             layouts["current"] = run_current(url, args.deliveries, args.fail_percent)
-        for fillfactor in args.fillfactor or [100, 70]:
+        for fillfactor in args.fillfactor or [100, 70, 50]:
             url = scratch.create()
             layouts[f"proposed_ff{fillfactor}"] = run_proposed(
                 url, args.deliveries, args.fail_percent, fillfactor

@@ -14,6 +14,12 @@ on shared parts:
 - ``stats``: medians and ranges, ratios, steady state, the rate envelope;
 - ``plots`` and ``report``: the PNGs and the Markdown, from the JSON alone.
 
+On request only (``--only sustained``, and its own command ``python -m bench.sustained``):
+``sustained`` (8), emit, delivery and retention at once for weeks' worth of deliveries
+(``sustained_roles`` its processes, ``sustained_report`` its targets, plots and summary).
+``python -m bench.hot_path_prototype`` measures what a delivery writes in today's layout and in
+the one docs/design/hot-path.md proposes.
+
 Micro-benchmarks, each writing ``bench/results/<name>.json``: ``python -m bench.http_send``
 (the sender against the fast receiver), ``python -m bench.rate_limits`` (permits per second),
 ``python -m bench.statements`` (the database's CPU per hot statement).

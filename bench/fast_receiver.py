@@ -6,7 +6,9 @@ server on asyncio's protocol layer, run in its own process so it has its own cor
 every POST with 200 and verifies nothing.
 
 A path's first segment, when it is a number, is that destination's latency in milliseconds:
-``/200/dest-3`` answers after 200 ms, ``/0/dest-1`` (or ``/``) at once. The answer waits on a
+``/200/dest-3`` answers after 200 ms, ``/0/dest-1`` (or ``/``) at once. A segment ``fail-N``
+makes a failing publisher: ``/0/fail-50/dest-9`` answers 500 to N% of its POSTs, at random (the
+sustained-load benchmark's retries and dead letters). The answer waits on a
 timer, never on a thread, so a thousand slow requests in flight cost nothing. Every POST is
 recorded when its head and body have arrived (its start, as the receiver sees it): its
 wall-clock time (``time.time()``, comparable with the harness's on this machine), its path and
@@ -28,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -42,6 +45,8 @@ _WEBHOOK_ID = re.compile(rb"\r\nwebhook-id:\s*([^\r\n]*)", re.IGNORECASE)
 _OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 12\r\n\r\n" + (
     b'{"ok": true}'
 )
+_FAILED = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n"
+_FAIL_SHARE = re.compile(r"/fail-(\d+)(?:/|$)")
 
 
 class Start(NamedTuple):
@@ -70,6 +75,14 @@ def latency_of(path: str) -> float:
     """The latency in seconds a path asks for (its first segment in ms; none: 0)."""
     first = path.lstrip("/").split("/", 1)[0]
     return int(first) / 1000 if first.isdigit() else 0.0
+
+
+def _answer_for(path: str) -> bytes:
+    """200, or 500 for the share of POSTs a ``fail-N`` segment of the path asks to fail."""
+    failing = _FAIL_SHARE.search(path)
+    if failing and random.random() * 100 < int(failing.group(1)):
+        return _FAILED
+    return _OK
 
 
 class _Http(asyncio.Protocol):
@@ -123,7 +136,7 @@ class _Http(asyncio.Protocol):
         webhook_id = found.group(1).decode("latin-1").strip() if found else ""
         _Server.log.append((time.time(), text, webhook_id))
         _Server.answered += 1
-        return _OK, latency_of(text)
+        return _answer_for(text), latency_of(text)
 
 
 async def _serve(host: str, port: int) -> None:

@@ -179,6 +179,12 @@ def _save(figure, path: Path) -> None:
     pyplot.close(figure)
 
 
+def sustained(measurement: Document, path: Path) -> None:
+    from bench import sustained_report
+
+    sustained_report.grid(measurement, path)
+
+
 PLOTS: dict[str, Callable[[Document, Path], None]] = {
     "deliver": deliver,
     "claim": claim,
@@ -186,6 +192,7 @@ PLOTS: dict[str, Callable[[Document, Path], None]] = {
     "fidelity": fidelity,
     "memory": memory,
     "latency": latency,
+    "sustained": sustained,
 }
 
 

@@ -21,6 +21,7 @@ SECTIONS = {
     "fidelity": "5. Rate fidelity",
     "memory": "6. Memory",
     "latency": "7. Latency",
+    "sustained": "8. Sustained load",
 }
 MET = {True: "met", False: "**not met**", None: "not measured"}
 

@@ -28,6 +28,7 @@ from bench import (
     processes,
     publishers,
     report,
+    sustained,
 )
 from bench.processes import REPO
 from bench.scratch import machine, postgres
@@ -46,6 +47,10 @@ MEASUREMENTS: dict[str, Callable[[Session], dict[str, Any]]] = {
     "latency": latency.measure,
     "memory": memory.measure,
 }
+# Run only when named (``--only sustained``): a sustained run is long by nature, and is its own
+# command too (``python -m bench.sustained``). It gets what is left of the session's time.
+ON_REQUEST: dict[str, Callable[[Session], dict[str, Any]]] = {"sustained": sustained.measure}
+ALL = {**MEASUREMENTS, **ON_REQUEST}
 # The measurements that run the job (and so need a Dagster storage).
 RUN_DAGSTER = {"deliver", "fixed_cost", "publishers", "latency", "memory"}
 
@@ -80,6 +85,7 @@ def run(size: Size, only: Sequence[str], out: Path, command: str) -> dict[str, A
     document["machine"]["load_average_before"] = document["machine"].pop("load_average")
     document["machine"]["own_sessions"] = processes.own_sessions
     names = [name for name in MEASUREMENTS if not only or name in only]
+    names += [name for name in ON_REQUEST if name in only]
     with session(size) as bench:
         document["postgres"] = postgres(bench.scratch.server)
         for number, name in enumerate(names, start=1):
@@ -94,12 +100,12 @@ def run(size: Size, only: Sequence[str], out: Path, command: str) -> dict[str, A
                 try:
                     if name in RUN_DAGSTER:
                         bench.dagster_template()  # loading Dagster is not the measurement's
-                    with bench.time_slice(size.seconds[name]):
-                        result = MEASUREMENTS[name](bench)
+                    with bench.time_slice(size.seconds.get(name, size.session_seconds)):
+                        result = ALL[name](bench)
                 except Exception as exc:  # recorded, and the other measurements go on
                     traceback.print_exc(file=sys.stderr)
                     result = {"error": f"{type(exc).__name__}: {exc}"}
-                result["time_share_seconds"] = size.seconds[name]
+                result["time_share_seconds"] = size.seconds.get(name, size.session_seconds)
             result["measured_seconds"] = round(time.monotonic() - began, 1)
             document["measurements"][name] = result
             print(result.get("skipped") or result.get("error") or f"{result['measured_seconds']} s")

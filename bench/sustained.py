@@ -1,0 +1,612 @@
+"""Sustained load (issue 34): emit and deliver continuously, retention behind, autovacuum on.
+
+    python -m bench.sustained --size ci --out DIR           # 10,000 deliveries: CI's smoke
+    python -m bench.sustained --size baseline --out DIR     # 300,000: an informative hour's share
+    python -m bench.sustained --size issue --out DIR        # 5,000,000: the issue's report
+    python -m bench.sustained --deliveries 200000 --out DIR # any size's settings, another count
+    python -m bench.sustained --report --out DIR            # redraw the plots and the summary
+    python -m bench --only sustained                        # as a section of the report
+
+Three processes work at once (``bench.sustained_roles``) on one scratch database: a producer
+emitting in bulk (COPY, in its own transactions) whenever fewer than a backlog's worth are due;
+the engine (``deliver_due``, run after run) delivering to an instant receiver, some of whose
+publishers answer 500 to a share of their requests (so retries and dead letters exist); and
+retention purging terminal deliveries on a short window, with a duplicate window a few times
+longer. Autovacuum runs at the server's defaults: where the server has it off (the system
+PostgreSQL of these machines), it is turned on for the run (``ALTER SYSTEM``) and back off
+after it.
+
+The run is cut into 20 windows of 5% of its deliveries (a delivery counts when it reaches a
+terminal state, succeeded or dead; the producer keeps emitting until the last window closes, so
+no window drains a backlog without load). Each window records deliveries per second, the p50
+and p99 latency of the engine's claim, lease and record statements (timed in the engine
+process), the WAL written per delivery (``pg_current_wal_lsn``), each table's HOT-update
+ratio, sizes, dead tuples and autovacuum runs (``pg_stat_user_tables``). Writes
+``sustained.json``, ``SUMMARY.md`` (the issue's targets, met or not and by how much) and one
+PNG per metric to ``--out``.
+
+WAL is the server's: on a shared server (``MEDIA_HOOKS_DATABASE_URL``) other databases' writes
+count too; the embedded server (the default) has only this one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from bench import processes, stats
+from bench.fast_receiver import fast_receiver
+from bench.scratch import RESULTS, Destination, Scratch, add_destinations, machine, postgres
+from bench.scratch import server_url as default_server_url
+
+WINDOWS = 20
+# The tables whose statistics and sizes each window records; the first four hold the history
+# that retention keeps flat.
+TABLES = (
+    "webhook_delivery",
+    "dispatch_outbox",
+    "delivery_attempt",
+    "delivery_identity",
+    "destination_limiter",
+    "webhook_destination",
+)
+HISTORY = TABLES[:4]
+STOP_SECONDS = 60
+
+
+@dataclass(frozen=True)
+class Size:
+    name: str
+    deliveries: int
+    destinations: int
+    # The last ``failing`` destinations answer 500 to ``fail_percent`` % of their requests.
+    failing: int
+    fail_percent: int
+    in_flight: int
+    # The producer emits a batch whenever fewer than ``backlog`` deliveries are due.
+    backlog: int
+    emit_batch: int
+    page_size: int
+    # The most rows one engine run claims: runs end, and the next one's sweeps run, as a
+    # schedule's would.
+    run_rows: int
+    retain_seconds: float
+    duplicate_seconds: float
+    retention_every: float
+    max_attempts: int
+    backoff_base: float
+    backoff_cap: float
+    # The run stops here, finished or not (the summary then says how far it got).
+    time_limit: float
+
+
+SIZES = {
+    "ci": Size("ci", 10_000, 4, 1, 40, 4, 1_200, 400, 250, 2_000, 3, 8, 1, 3, 0.2, 1, 50),
+    "report": Size("report", 60_000, 8, 2, 40, 4, 3_000, 1_000, 250, 10_000, 30, 90, 5, 3, 0.5, 4, 900),
+    "baseline": Size(
+        "baseline", 300_000, 8, 2, 40, 4, 3_000, 1_000, 250, 10_000, 15, 45, 5, 3, 0.5, 4, 3_600
+    ),
+    "issue": Size(
+        "issue", 5_000_000, 8, 2, 40, 4, 3_000, 1_000, 250, 10_000, 60, 180, 10, 3, 0.5, 4, 8 * 3_600
+    ),
+}  # fmt: skip
+
+
+# The server ------------------------------------------------------------------------------------
+
+AUTOVACUUM_SETTINGS = """
+SELECT name, setting, source FROM pg_settings
+WHERE name LIKE 'autovacuum%%' OR name IN ('track_counts', 'shared_buffers', 'max_wal_size',
+      'checkpoint_timeout', 'wal_level', 'full_page_writes', 'synchronous_commit')
+ORDER BY name
+"""
+
+
+@contextmanager
+def autovacuum_at_defaults(server: str) -> Iterator[dict[str, Any]]:
+    """Autovacuum on for the run, at the server's settings; turned back off after it where the
+    server had it off. Yields what was found and done, for the results."""
+    with psycopg.connect(server, autocommit=True) as conn:
+        was, source = conn.execute(
+            "SELECT setting, coalesce(sourcefile, '') FROM pg_settings WHERE name = 'autovacuum'"
+        ).fetchone()
+        if was == "off":
+            conn.execute("ALTER SYSTEM SET autovacuum = on")
+            conn.execute("SELECT pg_reload_conf()")
+            _wait_for_setting(server, "autovacuum", "on")
+    # Put back as found: an ALTER SYSTEM's off is written again, a configuration file's is
+    # uncovered by taking ours away.
+    restore = (
+        "ALTER SYSTEM SET autovacuum = off"
+        if source.endswith("postgresql.auto.conf")
+        else "ALTER SYSTEM RESET autovacuum"
+    )
+    try:
+        with psycopg.connect(server, autocommit=True, row_factory=dict_row) as conn:
+            settings = {r["name"]: r["setting"] for r in conn.execute(AUTOVACUUM_SETTINGS)}
+        yield {"autovacuum_found": was, "turned_on_for_the_run": was == "off", "settings": settings}
+    finally:
+        if was == "off":
+            with psycopg.connect(server, autocommit=True) as conn:
+                conn.execute(restore)
+                conn.execute("SELECT pg_reload_conf()")
+
+
+def _wait_for_setting(server: str, name: str, value: str, seconds: float = 10) -> None:
+    """A reload reaches the server's processes a moment later: wait until a new session sees it."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with psycopg.connect(server) as conn:
+            if conn.execute(f"SHOW {name}").fetchone()[0] == value:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"{name} is not {value} {seconds:.0f} s after pg_reload_conf()")
+
+
+def destinations(size: Size, receiver: str) -> list[Destination]:
+    """dest-1..N on the instant receiver, the last ``failing`` of them failing publishers."""
+    made = []
+    for n in range(1, size.destinations + 1):
+        fails = n > size.destinations - size.failing
+        path = f"0/fail-{size.fail_percent}/dest-{n}" if fails else f"0/dest-{n}"
+        made.append(Destination(f"dest-{n}", receiver + path, max_in_flight=size.in_flight))
+    return made
+
+
+def seed(url: str, size: Size, receiver: str) -> list[str]:
+    targets = destinations(size, receiver)
+    add_destinations(url, targets)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE webhook_destination SET max_attempts = %s, backoff_base_seconds = %s,"
+            " backoff_cap_seconds = %s",
+            (size.max_attempts, size.backoff_base, size.backoff_cap),
+        )
+    return [d.destination_id for d in targets]
+
+
+# Snapshots -------------------------------------------------------------------------------------
+
+TABLE_FIGURES = """
+SELECT s.relname AS name, s.n_tup_ins, s.n_tup_upd, s.n_tup_hot_upd, s.n_tup_del,
+       s.n_live_tup, s.n_dead_tup, s.autovacuum_count, s.autoanalyze_count,
+       pg_total_relation_size(s.relid) AS total_bytes, pg_relation_size(s.relid) AS heap_bytes,
+       pg_indexes_size(s.relid) AS index_bytes
+FROM pg_stat_user_tables AS s
+WHERE s.relname = ANY (%(tables)s)
+"""
+INDEX_SIZES = """
+SELECT i.relname AS table_name, i.indexrelname AS name, pg_relation_size(i.indexrelid) AS bytes,
+       i.idx_scan
+FROM pg_stat_user_indexes AS i
+WHERE i.relname = ANY (%(tables)s)
+ORDER BY i.relname, i.indexrelname
+"""
+WAL = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS wal"
+STATES = "SELECT state, count(*) AS n FROM webhook_delivery GROUP BY state ORDER BY state"
+
+
+def snapshot(conn: psycopg.Connection) -> dict[str, Any]:
+    """The server's WAL position and each table's counters and sizes, now."""
+    wal = conn.execute(WAL).fetchone()["wal"]
+    rows = conn.execute(TABLE_FIGURES, {"tables": list(TABLES)}).fetchall()
+    return {"wal": int(wal), "tables": {r["name"]: dict(r) for r in rows}}
+
+
+# Windows ---------------------------------------------------------------------------------------
+
+KINDS = ("claim", "lease", "record")
+
+
+class Windows:
+    """The run's 20 windows, closed as the engine's lines report terminal deliveries."""
+
+    def __init__(self, url: str, total: int) -> None:
+        self.conn = psycopg.connect(url, autocommit=True, row_factory=dict_row)
+        self.boundaries = [total * (k + 1) // WINDOWS for k in range(WINDOWS)]
+        self.started = time.monotonic()
+        self.closed: list[dict[str, Any]] = []
+        self.samples: dict[str, list[float]] = {kind: [] for kind in KINDS}
+        self.emit_seconds: list[float] = []
+        self.emitted = 0
+        self.purged = dict.fromkeys(
+            ("deliveries", "outbox_rows", "attempts", "tombstones_expired"), 0
+        )
+        self.retention_passes: list[float] = []
+        # The producer's and retention's own WAL so far (None: the server cannot tell).
+        self.own_wal: dict[str, int | None] = {"emit": 0, "retention": 0}
+        self.terminal = 0
+        self.succeeded = 0
+        self.dead = 0
+        self.last: dict[str, Any] = {}
+        self.first: dict[str, Any] = {}
+        self.begun = threading.Event()
+        self.done = threading.Event()
+        self._lock = threading.Lock()
+
+    def _begin(self, at: float) -> None:
+        """The first window opens when the engine is ready to deliver (its imports and pool
+        are its start-up, not the load's)."""
+        self.started = at
+        self.last = self.first = self._mark(at)
+        self.begun.set()
+
+    def engine_line(self, line: dict[str, Any]) -> None:
+        with self._lock:
+            if line.get("ready"):
+                self._begin(line["at"])
+                return
+            for kind in KINDS:
+                self.samples[kind] += [seconds for _, seconds in line.get(kind, ())]
+            self.succeeded, self.dead = line["succeeded"], line["dead"]
+            self.terminal = self.succeeded + self.dead
+            if not self.done.is_set() and self.terminal >= self.boundaries[len(self.closed)]:
+                self._close(line["at"])
+
+    def producer_line(self, line: dict[str, Any]) -> None:
+        with self._lock:
+            self.emitted = line["emitted"]
+            self.emit_seconds.append(line["seconds"])
+            self.own_wal["emit"] = line["wal_bytes"]
+
+    def retention_line(self, line: dict[str, Any]) -> None:
+        with self._lock:
+            for key in self.purged:
+                self.purged[key] += line[key]
+            self.retention_passes.append(line["seconds"])
+            self.own_wal["retention"] = line["wal_bytes"]
+
+    def _mark(self, at: float) -> dict[str, Any]:
+        mark = {"at": at, "terminal": self.terminal, "own_wal": dict(self.own_wal)}
+        return {**mark, **snapshot(self.conn)}
+
+    def _close(self, at: float) -> None:
+        now = self._mark(at)
+        self.closed.append(window_figures(len(self.closed) + 1, self.last, now, self))
+        self.last = now
+        self.samples = {kind: [] for kind in KINDS}
+        self.emit_seconds, self.retention_passes = [], []
+        self.purged = dict.fromkeys(self.purged, 0)
+        if len(self.closed) == WINDOWS:
+            self.done.set()
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _ms(values: list[float], fraction: float) -> float | None:
+    found = stats.percentile(values, fraction)
+    return None if found is None else round(found * 1000, 2)
+
+
+def _ratio(top: float, bottom: float) -> float | None:
+    return round(top / bottom, 4) if bottom else None
+
+
+def window_figures(
+    number: int, before: dict[str, Any], after: dict[str, Any], windows: Windows
+) -> dict[str, Any]:
+    """One window's figures from the snapshots at its two ends and what the roles reported."""
+    deliveries = after["terminal"] - before["terminal"]
+    seconds = after["at"] - before["at"]
+    tables: dict[str, dict[str, Any]] = {}
+    for name, now in after["tables"].items():
+        then = before["tables"].get(name, now)
+        updates = now["n_tup_upd"] - then["n_tup_upd"]
+        tables[name] = {
+            "inserts": now["n_tup_ins"] - then["n_tup_ins"],
+            "updates": updates,
+            "hot_updates": now["n_tup_hot_upd"] - then["n_tup_hot_upd"],
+            "hot_ratio": _ratio(now["n_tup_hot_upd"] - then["n_tup_hot_upd"], updates),
+            "deletes": now["n_tup_del"] - then["n_tup_del"],
+            "live_tuples": now["n_live_tup"],
+            "dead_tuples": now["n_dead_tup"],
+            "autovacuum_runs": now["autovacuum_count"] - then["autovacuum_count"],
+            "autoanalyze_runs": now["autoanalyze_count"] - then["autoanalyze_count"],
+            "total_bytes": now["total_bytes"],
+            "heap_bytes": now["heap_bytes"],
+            "index_bytes": now["index_bytes"],
+        }
+    wal = after["wal"] - before["wal"]
+    return {
+        **_wal_split(wal, deliveries, before, after),
+        "window": number,
+        "ended_after_seconds": round(after["at"] - windows.started, 2),
+        "deliveries_done": after["terminal"],
+        "seconds": round(seconds, 3),
+        "deliveries": deliveries,
+        "per_second": round(deliveries / seconds, 1) if seconds > 0 else None,
+        **{
+            f"{kind}_{name}_ms": _ms(windows.samples[kind], fraction)
+            for kind in KINDS
+            for name, fraction in (("p50", 0.5), ("p99", 0.99))
+        },
+        **{f"{kind}_statements": len(windows.samples[kind]) for kind in KINDS},
+        "emit_batch_p99_ms": _ms(windows.emit_seconds, 0.99),
+        "emitted_so_far": windows.emitted,
+        "wal_bytes": wal,
+        "wal_bytes_per_delivery": round(wal / deliveries, 1) if deliveries else None,
+        "history_bytes": sum(tables[t]["total_bytes"] for t in HISTORY if t in tables),
+        "purged": dict(windows.purged),
+        "retention_passes": len(windows.retention_passes),
+        "retention_pass_max_seconds": round(max(windows.retention_passes, default=0), 3),
+        "tables": tables,
+    }
+
+
+# The processes ---------------------------------------------------------------------------------
+
+
+def _start(role: list[str], env: dict[str, str], log: IO[str]) -> subprocess.Popen:
+    """A role in a process group of its own (``processes.stop_group`` reaches it), its lines on
+    a pipe, its errors in the run's log, stopped by closing its standard input."""
+    grouping: dict[str, Any] = (
+        {"start_new_session": True} if processes.own_sessions else {"process_group": 0}
+    )
+    return subprocess.Popen(
+        processes.python_command("bench.sustained_roles", *role),
+        env=env,
+        cwd=processes.REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        **grouping,
+    )
+
+
+def _follow(process: subprocess.Popen, handle) -> threading.Thread:
+    def read() -> None:
+        for text in process.stdout:
+            handle(json.loads(text))
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
+def _stop(process: subprocess.Popen, reader: threading.Thread) -> int | None:
+    """Close its standard input and wait for it to finish its last run; then its group goes."""
+    try:
+        process.stdin.close()
+    except BrokenPipeError:
+        pass
+    try:
+        process.wait(timeout=STOP_SECONDS)
+    except subprocess.TimeoutExpired:
+        processes.stop_group(process)
+    reader.join(timeout=10)
+    return process.returncode
+
+
+def role_commands(size: Size, destination_ids: list[str]) -> dict[str, list[str]]:
+    return {
+        "engine": ["engine", "--page-size", str(size.page_size), "--max-rows", str(size.run_rows)],
+        "producer": [
+            "producer", "--backlog", str(size.backlog), "--batch", str(size.emit_batch),
+            "--destinations", ",".join(destination_ids),
+        ],
+        "retention": [
+            "retention", "--retain-seconds", str(size.retain_seconds),
+            "--duplicate-seconds", str(size.duplicate_seconds),
+            "--every", str(size.retention_every),
+        ],
+    }  # fmt: skip
+
+
+def role_env(url: str, home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEDIA_HOOKS_", "DAGSTER_"))}
+    env.update(
+        MEDIA_HOOKS_DATABASE_URL=url,
+        MEDIA_HOOKS_HOME=str(home),
+        MEDIA_HOOKS_ALLOW_PRIVATE_URLS="1",
+        PYTHONPATH=str(processes.REPO),
+    )
+    return env
+
+
+def drive(url: str, size: Size, receiver: str, home: Path, deadline: float) -> dict[str, Any]:
+    """Seed, run the three roles until the last window closes (or ``deadline``), stop them."""
+    destination_ids = seed(url, size, receiver)
+    env = role_env(url, home)
+    started = time.monotonic()
+    windows = Windows(url, size.deliveries)
+    handlers = {
+        "engine": windows.engine_line,
+        "producer": windows.producer_line,
+        "retention": windows.retention_line,
+    }
+    exits: dict[str, int | None] = {}
+    log_path = home / "roles.log"
+    with log_path.open("w") as log, ExitStack() as stack:
+        stack.callback(windows.close)
+        running = {}
+        for name, command in role_commands(size, destination_ids).items():
+            process = _start(command, env, log)
+            stack.callback(processes.kill_group, process)  # whatever happens, none outlives this
+            running[name] = (process, _follow(process, handlers[name]))
+        while not windows.done.wait(0.5):
+            if time.monotonic() >= deadline:
+                break
+            if any(process.poll() is not None for process, _ in running.values()):
+                break
+        # The engine last: the others stop loading it while it finishes its run.
+        for name in ("producer", "retention", "engine"):
+            exits[name] = _stop(*running[name])
+        states = {r["state"]: r["n"] for r in windows.conn.execute(STATES)}
+        indexes = windows.conn.execute(INDEX_SIZES, {"tables": list(TABLES)}).fetchall()
+        totals = totals_over(windows.first, windows.last) if windows.begun.is_set() else {}
+    errors = [line for line in log_path.read_text().splitlines() if "Error" in line][-5:]
+    return {
+        "seconds": round(time.monotonic() - started, 1),
+        "complete": len(windows.closed) == WINDOWS,
+        # At the last window's end; the engine delivers a little more while it stops.
+        "deliveries_done": windows.last.get("terminal", 0),
+        "succeeded_by_the_end": windows.succeeded,
+        "dead_by_the_end": windows.dead,
+        "emitted": windows.emitted,
+        "role_exits": exits,
+        "role_errors": errors,
+        "states_at_end": states,
+        "index_bytes_at_end": [dict(r) for r in indexes],
+        "totals": totals,
+        "windows": windows.closed,
+    }
+
+
+def _wal_split(
+    wal: int, deliveries: int, before: dict[str, Any], after: dict[str, Any]
+) -> dict[str, float | None]:
+    """The server's WAL per delivery split into the producer's, retention's and the rest (the
+    engine's, autovacuum's, checkpoints'), where the server tells a session's own WAL."""
+    own = {}
+    for role in ("emit", "retention"):
+        then, now = before["own_wal"][role], after["own_wal"][role]
+        own[role] = None if then is None or now is None else now - then
+    split: dict[str, float | None] = {f"{role}_wal_bytes_per_delivery": None for role in own}
+    split["delivering_wal_bytes_per_delivery"] = None
+    if deliveries and None not in own.values():
+        for role, written in own.items():
+            split[f"{role}_wal_bytes_per_delivery"] = round(written / deliveries, 1)
+        split["delivering_wal_bytes_per_delivery"] = round(
+            (wal - sum(own.values())) / deliveries, 1
+        )
+    return split
+
+
+def totals_over(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
+    """The whole run's WAL per delivery and HOT ratios (from the first to the last window's end)."""
+    deliveries = last["terminal"] - first["terminal"]
+    hot = {}
+    updates = {}
+    for name, now in last["tables"].items():
+        then = first["tables"].get(name, now)
+        changed = now["n_tup_upd"] - then["n_tup_upd"]
+        updates[name] = changed
+        hot[name] = _ratio(now["n_tup_hot_upd"] - then["n_tup_hot_upd"], changed)
+    wal = last["wal"] - first["wal"]
+    return {
+        **_wal_split(wal, deliveries, first, last),
+        "deliveries": deliveries,
+        "wal_bytes": wal,
+        "wal_bytes_per_delivery": round(wal / deliveries, 1) if deliveries else None,
+        "updates": updates,
+        "hot_ratio": hot,
+        "updates_per_delivery": {
+            name: round(n / deliveries, 3) if deliveries else None for name, n in updates.items()
+        },
+    }
+
+
+def run(
+    size: Size,
+    *,
+    server: str | None = None,
+    scratch: Scratch | None = None,
+    receiver: str | None = None,
+    seconds: float | None = None,
+) -> dict[str, Any]:
+    """One sustained run on a fresh scratch database; returns the results document."""
+    server = server or default_server_url()
+    limit = min(size.time_limit, seconds) if seconds is not None else size.time_limit
+    with ExitStack() as stack:
+        found = stack.enter_context(autovacuum_at_defaults(server))
+        if scratch is None:
+            scratch = stack.enter_context(Scratch(server, "mh_sustained"))
+        if receiver is None:
+            receiver = stack.enter_context(fast_receiver())
+        home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mh_sustained_")))
+        url = stack.enter_context(scratch.database())
+        document = {
+            "schema": 1,
+            "title": "Sustained load: emit, deliver and purge at once, autovacuum at defaults",
+            "size": asdict(size),
+            "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "machine": machine(),
+            "postgres": {**postgres(server), **found},
+        }
+        document.update(drive(url, size, receiver, home, time.monotonic() + limit))
+    document["machine"]["load_average_after"] = machine()["load_average"]
+    return document
+
+
+# The command line and the report's section --------------------------------------------------
+
+
+def write(document: dict[str, Any], out: Path) -> None:
+    from bench import sustained_report
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sustained.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
+    document["plots"] = sustained_report.draw(document, out)
+    (out / "sustained.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
+    (out / "SUMMARY.md").write_text(sustained_report.render(document))
+
+
+SUITE_SIZES = {"smoke": "ci", "quick": "ci", "full": "report"}
+
+
+def measure(session) -> dict[str, Any]:
+    """The report's section (``python -m bench --only sustained``): the size that fits the
+    suite's, on the session's server, scratch databases and receiver."""
+    from bench import sustained_report
+
+    size = SIZES[SUITE_SIZES[session.size.name]]
+    document = run(
+        size,
+        server=session.scratch.server,
+        scratch=session.scratch,
+        receiver=session.receiver,
+        seconds=session.remaining(),
+    )
+    return sustained_report.as_measurement(document)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.sustained", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--size", choices=sorted(SIZES), default="baseline")
+    parser.add_argument("--deliveries", type=int, help="the size's settings, this many deliveries")
+    parser.add_argument("--out", type=Path, default=RESULTS / "sustained")
+    parser.add_argument(
+        "--report", action="store_true", help="only redraw the plots and SUMMARY.md from the JSON"
+    )
+    args = parser.parse_args(argv)
+    if args.report:
+        source = args.out / "sustained.json"
+        if not source.is_file():
+            parser.error(f"no {source} to report from: run the benchmark first")
+        write(json.loads(source.read_text()), args.out)
+        print(f"rewrote {args.out / 'SUMMARY.md'}")
+        return 0
+    size = SIZES[args.size]
+    if args.deliveries is not None:
+        if args.deliveries < WINDOWS * 10:
+            parser.error(f"--deliveries must be at least {WINDOWS * 10} (20 windows of 10)")
+        size = replace(size, deliveries=args.deliveries)
+    document = run(size)
+    document["command"] = shlex.join(["python", "-m", "bench.sustained", *(argv or sys.argv[1:])])
+    write(document, args.out)
+    print((args.out / "SUMMARY.md").read_text())
+    return 0 if document["complete"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""``python -m bench.sustained --size ci``: the sustained-load benchmark runs and reports.
+
+The figures of a 10,000-delivery run on a shared machine mean little, so this checks what the
+run must have done whatever the machine (every window closed, the failing publishers made
+retries and dead letters, retention purged behind the load, the counters moved) and the shape
+of what it writes (the JSON, the summary, one PNG per metric), never a speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from media_hooks_tests.conftest import REPO
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.one_server
+def test_ci_size_runs_every_window_under_load_and_writes_its_report(
+    server_url: str, tmp_path: Path
+):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEDIA_HOOKS_", "DAGSTER_"))}
+    env.update(MEDIA_HOOKS_DATABASE_URL=server_url, MEDIA_HOOKS_HOME=str(tmp_path / "home"))
+    out = tmp_path / "results"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.sustained", "--size", "ci", "--out", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    document = json.loads((out / "sustained.json").read_text())
+    assert document["complete"]
+    assert document["role_exits"] == {"producer": 0, "retention": 0, "engine": 0}
+    windows = document["windows"]
+    assert [w["window"] for w in windows] == list(range(1, 21))
+    size = document["size"]["deliveries"]
+    assert document["deliveries_done"] >= size
+    for window in windows:
+        assert window["deliveries"] > 0 and window["per_second"] > 0, window["window"]
+        assert window["wal_bytes"] > 0, window["window"]
+        assert window["tables"]["webhook_delivery"]["total_bytes"] > 0
+    # The producer kept emitting to the end: no window drained a backlog without load.
+    assert windows[-1]["emitted_so_far"] > windows[-1]["deliveries_done"]
+    # Every kind of statement was timed.
+    for kind in ("claim", "lease", "record"):
+        assert sum(w[f"{kind}_statements"] for w in windows) > 0, kind
+        assert any(w[f"{kind}_p99_ms"] for w in windows), kind
+    # The failing publisher made retries (more attempts than deliveries) and dead letters.
+    assert document["dead_by_the_end"] > 0
+    attempts = sum(w["tables"]["delivery_attempt"]["inserts"] for w in windows)
+    assert attempts > document["deliveries_done"]
+    # Retention ran behind the load: terminal deliveries, their attempts and outbox rows purged.
+    purged = {k: sum(w["purged"][k] for w in windows) for k in windows[0]["purged"]}
+    assert purged["deliveries"] > 0 and purged["attempts"] > 0 and purged["outbox_rows"] > 0
+    assert sum(w["tables"]["webhook_delivery"]["deletes"] for w in windows) > 0
+    totals = document["totals"]
+    assert totals["wal_bytes_per_delivery"] > 0
+    # Each delivery moves its row at least three times (claim, lease, record).
+    assert totals["updates_per_delivery"]["webhook_delivery"] >= 3
+    assert 0 <= totals["hot_ratio"]["webhook_delivery"] <= 1
+    assert document["postgres"]["settings"]["autovacuum"] == "on"
+
+    summary = (out / "SUMMARY.md").read_text()
+    assert summary.startswith("# Sustained load: ci")
+    for heading in ("## Targets (issue 34)", "## Windows (5% of the run each)", "## Whole run"):
+        assert heading in summary, heading
+    assert summary.count("| met") + summary.count("| **not met**") >= 5
+    assert len(document["plots"]) >= 8
+    for filename in document["plots"].values():
+        assert f"]({filename})" in summary, filename
+        assert (out / filename).read_bytes().startswith(PNG_MAGIC), filename
+
+
+@pytest.mark.embedded_only
+def test_autovacuum_is_on_for_the_run_and_back_off_after_it_where_the_server_had_it_off(
+    server_url: str,
+):
+    from bench.sustained import autovacuum_at_defaults
+
+    def autovacuum() -> str:
+        with psycopg.connect(server_url) as conn:
+            return conn.execute("SHOW autovacuum").fetchone()[0]
+
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET autovacuum = off")
+        conn.execute("SELECT pg_reload_conf()")
+    try:
+        from bench.sustained import _wait_for_setting
+
+        _wait_for_setting(server_url, "autovacuum", "off")
+        with autovacuum_at_defaults(server_url) as found:
+            assert found["autovacuum_found"] == "off" and found["turned_on_for_the_run"]
+            assert autovacuum() == "on"
+        _wait_for_setting(server_url, "autovacuum", "off")
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM RESET autovacuum")
+            conn.execute("SELECT pg_reload_conf()")
+    _wait_for_setting(server_url, "autovacuum", "on")

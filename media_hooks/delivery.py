@@ -43,7 +43,6 @@ from psycopg_pool import ConnectionPool
 
 from media_hooks import (
     affinity,
-    backoff,
     crashpoints,
     db,
     destinations,
@@ -55,7 +54,7 @@ from media_hooks import (
 from media_hooks.cohort import Cohort
 from media_hooks.config import Settings
 from media_hooks.destinations import Destination, disable_destination, get_destination
-from media_hooks.leases import Lease, Message, Outcome
+from media_hooks.leases import Classified, Lease, Message
 from media_hooks.reconciler import Batch
 from media_hooks.send_loop import SendLoop
 from media_hooks.sender import AttemptResult, Sender
@@ -79,10 +78,6 @@ GATHER_SECONDS = 0.002
 REFRESH_SECONDS = 5.0
 # Outcomes are retried until this long before the first of their leases ends.
 RECORD_DEADLINE_MARGIN_SECONDS = 5.0
-ALLOW_PRIVATE_SETTING = "MEDIA_HOOKS_ALLOW_PRIVATE_URLS=1"
-# No retry or pause is ever scheduled further out than the longest backoff cap allowed: a
-# destination changed under a running batch cannot make a due time overflow.
-LONGEST_DELAY_SECONDS = destinations.RANGES["backoff_cap_seconds"].allowed.high
 
 
 class OutcomesNotRecorded(Exception):
@@ -166,79 +161,35 @@ def lease_seconds_for(destination: Destination, sender: Sender, settings: Settin
     return max(settings.lease_seconds, sender.worst_case_seconds + LEASE_MARGIN_SECONDS)
 
 
-def bare_pause_seconds(destination: Destination) -> float:
-    """How long a 429 without Retry-After pauses the destination: its backoff base (never
-    beyond the longest delay the engine stores)."""
-    return min(destination.backoff_base_seconds, LONGEST_DELAY_SECONDS)
+# What an attempt came to is classified here; everything it decides (the next state, when it is
+# due, a pause or a disabled destination) the database decides (migration 0017).
 
 
-def next_delay(lease: Lease, result: AttemptResult, destination: Destination) -> tuple[float, str]:
-    """When to try again after this attempt, and why, in words an operator reads."""
-    if result.outcome == outcomes.RATE_LIMITED:
-        if result.retry_after_seconds is not None:
-            return result.retry_after_seconds, (
-                f"Retry-After {result.retry_after_seconds:.0f} s (HTTP {result.http_status})"
-            )
-        delay = bare_pause_seconds(destination)
-        return delay, f"rate limited (HTTP {result.http_status}, no Retry-After): {delay:.0f} s"
-    delay = backoff.backoff_seconds(
-        max(lease.budget_used, 1),
-        min(destination.backoff_base_seconds, LONGEST_DELAY_SECONDS),
-        min(destination.backoff_cap_seconds, LONGEST_DELAY_SECONDS),
-    )
-    return delay, f"backoff {delay:.0f} s after attempt {lease.attempt_no} ({result.outcome})"
-
-
-def to_outcome(lease: Lease, result: AttemptResult, destination: Destination) -> Outcome:
-    if result.configuration_fault:
-        # Not the delivery's failure: it keeps its budget and waits for its destination.
-        return Outcome(
-            lease=lease,
-            outcome=result.outcome,
-            http_status=None,
-            error=result.error,
-            response_excerpt=None,
-            delay_seconds=0.0,
-            delay_reason=f"waiting: destination {destination.destination_id} is disabled "
-            "(configuration fault, see `media-hooks destination list`)",
-            finished_monotonic=result.finished_monotonic,
-            spare=True,
-        )
-    delay, reason = next_delay(lease, result, destination)
-    return Outcome(
+def to_outcome(lease: Lease, result: AttemptResult) -> Classified:
+    return Classified(
         lease=lease,
         outcome=result.outcome,
         http_status=result.http_status,
+        retry_after_seconds=result.retry_after_seconds,
         error=result.error,
         response_excerpt=result.response_excerpt,
-        delay_seconds=delay,
-        delay_reason=reason,
         finished_monotonic=result.finished_monotonic,
+        configuration_fault=result.configuration_fault,
     )
 
 
-def not_sent(lease: Lease, why: BaseException) -> Outcome:
+def not_sent(lease: Lease, why: BaseException) -> Classified:
     """A lease whose request was never started (the batch stopped between lease and send)."""
-    return Outcome(
+    return Classified(
         lease=lease,
         outcome=outcomes.RETRYABLE,
         http_status=None,
+        retry_after_seconds=None,
         error=f"not sent: the batch stopped first ({type(why).__name__}: {why})"[:500],
         response_excerpt=None,
-        delay_seconds=0.0,
-        delay_reason="due again: its batch stopped before sending it",
         finished_monotonic=time.monotonic(),
-        spare=True,
+        attempted=False,
     )
-
-
-def _configuration_reason(result: AttemptResult) -> str:
-    """A destination's disabled reason for an address the SSRF guard refused: which address,
-    and which setting allows it."""
-    reason = f"configuration: {result.error} (at connect time"
-    if ALLOW_PRIVATE_SETTING not in (result.error or ""):
-        reason += f"; {ALLOW_PRIVATE_SETTING} in the workers' environment allows private addresses"
-    return reason + "); enable it once the URL or the setting is fixed"
 
 
 class BatchPages:
@@ -399,7 +350,7 @@ class _BatchWorker:
         self.answers: queue.SimpleQueue[Future] = queue.SimpleQueue()
         # Finished attempts whose outcomes are not recorded yet, with their answers (None for a
         # lease never sent); and the permits of finished requests, handed back with the next ask.
-        self.finished: list[tuple[Outcome, AttemptResult | None]] = []
+        self.finished: list[tuple[Classified, AttemptResult | None]] = []
         self.returned_slots: list[int] = []
         # The database's clock here: when to send a start granted for a moment on it.
         self.clock = rate_limits.DatabaseClock()
@@ -538,7 +489,7 @@ class _BatchWorker:
 
     def _take(self, future: Future, lease: Lease, slot: int) -> None:
         result = future.result()
-        self.finished.append((to_outcome(lease, result, self.destination), result))
+        self.finished.append((to_outcome(lease, result), result))
         self.returned_slots.append(slot)
 
     def _collect(self, timeout: float | None) -> None:
@@ -628,22 +579,27 @@ class _BatchWorker:
         )
         try:
             recorded = db.retrying(
-                "record outcomes", lambda: leases.record(self.conn, batch), until=deadline
+                "record outcomes",
+                lambda: leases.record_classified(self.conn, batch),
+                until=deadline,
             )
         except (psycopg.Error, db.DatabaseBusy) as exc:
             self.record_refused = True
             raise OutcomesNotRecorded([o.lease.delivery_id for o in batch], exc) from exc
         self.finished = []
-        for outcome, result in finished:
+        for outcome, _ in finished:
             self.lease_ends.pop(outcome.lease.delivery_id, None)
-            state = recorded.get(outcome.lease.delivery_id)
+            state = recorded.states.get(outcome.lease.delivery_id)
             if state is None:
                 self.counts.skipped += 1  # our lease expired and someone else owns it now
             elif outcome.spare:
-                self.counts.count_spared(result is not None and result.configuration_fault)
+                self.counts.count_spared(outcome.configuration_fault)
             else:
                 self.counts.count(outcome.outcome, state)
-        self._apply_destination_signals([r for _, r in finished if r is not None])
+        if recorded.stopped is not None and self.stopped is None:
+            # A 410 or a refused address disabled the destination in the same statement.
+            log.warning("destination %s disabled: %s", self.destination_id, recorded.stopped)
+            self.stopped = recorded.stopped
 
     def _return_slots(self) -> None:
         if self.returned_slots:
@@ -655,36 +611,6 @@ class _BatchWorker:
                 self.holder,
             )
             self.returned_slots = []
-
-    def _apply_destination_signals(self, results: list[AttemptResult]) -> None:
-        """A 429 / 503 + Retry-After pauses the destination; a 410 disables it, and so does an
-        address the SSRF guard refused (a configuration fault)."""
-        pauses = [r for r in results if r.outcome == outcomes.RATE_LIMITED]
-        if pauses:
-            longest = max(pauses, key=lambda r: r.retry_after_seconds or 0.0)
-            seconds = longest.retry_after_seconds
-            if seconds is None:
-                seconds = bare_pause_seconds(self.destination)
-                why = f"HTTP {longest.http_status} without Retry-After: {seconds:.0f} s"
-            else:
-                why = f"HTTP {longest.http_status} with Retry-After {seconds:.0f} s"
-            if seconds > 0:
-                self._db(
-                    "pause destination",
-                    rate_limits.pause_destination,
-                    self.destination_id,
-                    seconds,
-                    why,
-                )
-        gone = next((r for r in results if r.disable_destination), None)
-        if gone is not None:
-            self._disable(
-                f"receiver answered HTTP {gone.http_status} (Gone) at "
-                f"{gone.finished_at:%Y-%m-%d %H:%M:%S} UTC"
-            )
-        refused = next((r for r in results if r.configuration_fault), None)
-        if refused is not None:
-            self._disable(_configuration_reason(refused))
 
     # Deferring ---------------------------------------------------------------------------
 

@@ -348,10 +348,11 @@ def _fail_on_call(monkeypatch, owner, name: str, call: int) -> None:
 STAGES = {
     "relay": (leases, "publish_page", 2, Reply()),
     "lease": (leases, "lease_with_permits", 2, Reply()),
-    "record": (leases, "record", 1, Reply()),
+    "record": (leases, "record_classified", 1, Reply()),
+    # A 429's pause is made by the statement that records it (migration 0017).
     "signals": (
-        rate_limits,
-        "pause_destination",
+        leases,
+        "record_classified",
         1,
         Reply(status=429, headers={"Retry-After": "120"}),
     ),

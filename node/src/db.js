@@ -7,7 +7,7 @@
 
 import pg from 'pg';
 
-import { RuntimeFailure, firstLine } from './errors.js';
+import { RuntimeFailure, UserError, firstLine } from './errors.js';
 import { bind, migrationVersions } from './statements.js';
 
 // Each role's statement timeout in units of MEDIA_HOOKS_STATEMENT_TIMEOUT_SECONDS (db.py).
@@ -54,8 +54,57 @@ export function redact(url) {
     if (parsed.password) parsed.password = '***';
     return parsed.toString();
   } catch {
-    return url.replace(/password=[^\s&]*/g, 'password=***');
+    return url.replace(/password\s*=\s*('(?:\\.|[^'\\])*'|\S*)/g, 'password=***');
   }
+}
+
+const KEYWORDS = {
+  host: 'host',
+  hostaddr: 'host',
+  port: 'port',
+  dbname: 'database',
+  user: 'user',
+  password: 'password',
+  application_name: 'application_name',
+  options: 'options',
+  sslmode: 'sslmode',
+};
+
+/**
+ * A libpq keyword/value string (`host=/tmp port=5432 dbname=x user=y`, values optionally in
+ * single quotes with backslash escapes) as pg's connection settings.
+ * @param {string} text
+ * @returns {Record<string, string>}
+ */
+export function parseKeywords(text) {
+  const found = {};
+  const pair = /\s*([A-Za-z_]+)\s*=\s*('((?:\\.|[^'\\])*)'|(\S*))/y;
+  let m;
+  while (pair.lastIndex < text.trim().length && (m = pair.exec(text))) {
+    const value = m[3] !== undefined ? m[3].replace(/\\(.)/g, '$1') : m[4];
+    if (!(m[1] in KEYWORDS)) continue;
+    found[KEYWORDS[m[1]]] = value;
+  }
+  if (!Object.keys(found).length) throw new Error('not a PostgreSQL URL or libpq key=value string');
+  return found;
+}
+
+/**
+ * pg's settings for a database URL (postgresql://...) or a libpq keyword/value string, with
+ * the role's session settings added to any `options` it has.
+ * @param {string} url
+ * @param {string} options
+ */
+export function connectionConfig(url, options) {
+  if (/^[a-z]+:\/\//i.test(url)) {
+    const parsed = new URL(url);
+    const given = parsed.searchParams.get('options');
+    parsed.searchParams.set('options', given ? `${given} ${options}` : options);
+    return { connectionString: parsed.toString() };
+  }
+  const { sslmode, options: given, ...config } = parseKeywords(url);
+  const ssl = { require: { rejectUnauthorized: false }, 'verify-ca': true, 'verify-full': true }[sslmode];
+  return { ...config, options: given ? `${given} ${options}` : options, ...(ssl ? { ssl } : {}) };
 }
 
 /**
@@ -70,10 +119,18 @@ export async function connect(url, role, settings) {
   const options = Object.entries(sessionSettings(role, settings))
     .map(([name, value]) => `-c ${name}=${value}`)
     .join(' ');
+  let config;
+  try {
+    config = connectionConfig(url, options);
+  } catch {
+    throw new UserError(
+      'MEDIA_HOOKS_DATABASE_URL is not a valid PostgreSQL URL (expected ' +
+        'postgresql://user@host:port/dbname)',
+    );
+  }
   const client = new pg.Client({
-    connectionString: url,
-    options,
     application_name: `media_hooks:${role}`,
+    ...config,
     connectionTimeoutMillis: 10_000,
   });
   // An idle connection that the server or the network drops must not crash the process: the

@@ -283,10 +283,19 @@ def test_a_late_worker_records_nothing_but_its_answer_still_pauses(conn):
     assert _destination(conn)["paused_for"] == pytest.approx(30, abs=2)
 
 
-def test_settings_stored_beyond_what_the_engine_honours_cannot_overflow_a_due_time(conn):
-    (lease,) = _leased(conn, backoff_base_seconds=1e300, backoff_cap_seconds=1e300)
+@pytest.mark.parametrize(
+    ("stored", "low", "high"),
+    [(1e300, 0.8 * 2_592_000 - 1, 2_592_000), (1e-300, 0.0, 0.2)],
+    ids=["huge", "tiny"],
+)
+def test_settings_stored_beyond_what_the_engine_honours_are_taken_within_it(
+    conn, stored, low, high
+):
+    """A base and cap stored by hand (or changed under a running worker) outside what
+    `destination add` accepts neither overflow a due time nor underflow the arithmetic."""
+    (lease,) = _leased(conn, backoff_base_seconds=stored, backoff_cap_seconds=stored)
     leases.record_classified(conn, [_answer(lease, "retryable", 500)])
-    assert 0.8 * 2_592_000 - 1 <= _due_in(conn, lease.delivery_id) <= 2_592_000
+    assert low <= _due_in(conn, lease.delivery_id) <= high
 
 
 def test_an_unknown_outcome_class_is_refused_and_nothing_moves(conn):
@@ -310,9 +319,11 @@ class _Draw(random.Random):
         return self.draw
 
 
+# The policies the engine honours (destinations.RANGES), and the draws random() makes.
 POLICIES = st.tuples(
-    st.floats(0.001, 86400, allow_nan=False), st.floats(0.001, 30 * 86400, allow_nan=False)
+    st.floats(0.1, 86400, allow_nan=False), st.floats(0.1, 30 * 86400, allow_nan=False)
 ).map(lambda bc: (min(bc), max(bc)))
+DRAWS = st.integers(0, 2**52 - 1).map(lambda k: k / 2**52)
 
 
 @settings(
@@ -321,7 +332,7 @@ POLICIES = st.tuples(
 @given(
     policy=POLICIES,
     attempt=st.integers(1, 10**6),
-    draw=st.floats(0, 1, exclude_max=True, allow_nan=False),
+    draw=DRAWS,
 )
 def test_the_sql_backoff_is_backoff_py_for_the_same_draw(conn, policy, attempt, draw):
     """The rule, for any draw: the database's wait is backoff.py's (one connection serves

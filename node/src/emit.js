@@ -256,11 +256,15 @@ export async function emitEvent(client, event, { maxPayloadBytes = MAX_PAYLOAD_B
  * in the caller's transaction: staged in the session's temporary table, checked together,
  * recorded in one statement (sql/queries/emit.sql). A delivery_id given twice counts once; two
  * different events under one id are refused. Errors name the event's position (1-based).
- * @param {Queryable & {getTransactionStatus?: () => string | null}} client
+ * @param {Queryable & {getTransactionStatus: () => string | null}} client
  * @param {Iterable<Event | FanOutEvent>} events
  * @param {{maxPayloadBytes?: number}} [options]
  */
 export async function emitMany(client, events, { maxPayloadBytes = MAX_PAYLOAD_BYTES } = {}) {
+  if (typeof client.getTransactionStatus !== 'function') {
+    // A Pool runs each statement on any of its connections: it cannot hold the savepoint.
+    throw new TypeError('emitMany needs a pg Client or a pool\'s client (pool.connect()), not a Pool');
+  }
   const rows = [];
   let number = 0;
   for (const event of events) {

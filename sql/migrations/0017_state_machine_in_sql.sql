@@ -24,9 +24,9 @@
 --   - the destination: a rate-limited answer pauses it for the longest of the batch's waits
 --     (media_hooks_pause_destination_v1), a 410 disables it (Gone), and so does a refused
 --     address (a configuration fault, saying which address and which setting allows it).
--- No delay above LONGEST_DELAY (2,592,000 s, the longest backoff cap `destination add`
--- accepts) is ever scheduled, so a destination stored with odd values cannot overflow a due
--- time.
+-- A destination's backoff base and cap are taken within what `destination add` accepts
+-- (0.1 s to 2,592,000 s), so a destination stored with odd values (or changed under a running
+-- worker) can neither overflow a due time nor underflow the jitter's arithmetic.
 --
 -- Order of locks: a pause takes the destination's limiter row before any delivery row is
 -- locked, the order every worker's step takes (media_hooks_lease_with_permits_v4), so a
@@ -39,7 +39,8 @@
 --   retry changes next_attempt_at and counts, never identity), invariant 6 (the table owns the
 --   retry clock, now entirely: the runtime hands over no time).
 
--- The jittered wait after failed attempt p_failed (1 = the first), for a draw in [0, 1):
+-- The jittered wait after failed attempt p_failed (1 = the first), for a draw in [0, 1) as
+-- random() makes them (multiples of 2^-52), with 0 < p_base <= p_cap:
 -- d = min(cap, base * 2^(n-1)), uniform over [0.8 d, min(1.2 d, cap)]. The jitter spreads a
 -- receiver's outage so that its retries do not come back in lockstep, never waits above the
 -- cap and never below 80 % of the nominal delay. The draw is a parameter so that the rule is
@@ -80,6 +81,7 @@ RETURNS TABLE (delivery_id text, state text, stopped text)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
+    shortest_base CONSTANT double precision := 0.1;
     longest_delay CONSTANT double precision := 2592000;
     private_setting CONSTANT text := 'MEDIA_HOOKS_ALLOW_PRIVATE_URLS=1';
     bad text;
@@ -112,7 +114,8 @@ BEGIN
             JOIN webhook_destination AS w ON w.destination_id = d.destination_id
             CROSS JOIN LATERAL (
                 SELECT coalesce(media_hooks_retry_after_seconds_v1(g.retry_after),
-                                least(w.backoff_base_seconds, longest_delay)) AS seconds
+                                least(greatest(w.backoff_base_seconds, shortest_base),
+                                      longest_delay)) AS seconds
             ) AS waits
             WHERE g.outcome = 'rate_limited'
             ORDER BY w.destination_id, waits.seconds DESC
@@ -190,10 +193,13 @@ BEGIN
                        WHEN g.spare OR g.outcome IN ('success', 'rejected') THEN 0
                        WHEN g.outcome = 'rate_limited'
                            THEN coalesce(media_hooks_retry_after_seconds_v1(g.retry_after),
-                                         least(w.backoff_base_seconds, longest_delay))
+                                         least(greatest(w.backoff_base_seconds, shortest_base),
+                                               longest_delay))
                        ELSE media_hooks_backoff_seconds_v1(
-                                d.budget_used, least(w.backoff_base_seconds, longest_delay),
-                                least(w.backoff_cap_seconds, longest_delay), random())
+                                d.budget_used,
+                                least(greatest(w.backoff_base_seconds, shortest_base), longest_delay),
+                                least(greatest(w.backoff_cap_seconds, shortest_base), longest_delay),
+                                random())
                    END AS delay
         ) AS wait
         FOR UPDATE OF d

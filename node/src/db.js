@@ -58,6 +58,30 @@ export function redact(url) {
   }
 }
 
+const TIMESTAMPTZ = 1184;
+const TIMESTAMP_TEXT = /^(\d{4,}-\d\d-\d\d) (\d\d:\d\d:\d\d)(\.\d+)?([+-]\d\d)(?::?(\d\d))?(?::?(\d\d))?$/;
+
+/**
+ * A timestamptz as PostgreSQL writes it, as Unix seconds to the microsecond (a Date keeps
+ * milliseconds only: a start granted for a moment must not be sent before it).
+ * @param {string} text
+ */
+export function preciseSeconds(text) {
+  const m = TIMESTAMP_TEXT.exec(text);
+  if (m === null) throw new Error(`unexpected timestamptz ${text}`);
+  const [, date, time, fraction = '', hours, minutes = '00', seconds = '00'] = m;
+  const sign = hours.startsWith('-') ? -1 : 1;
+  const offset = sign * (Math.abs(Number(hours)) * 3600 + Number(minutes) * 60 + Number(seconds));
+  return Date.parse(`${date}T${time}Z`) / 1000 - offset + Number(`0${fraction || '.0'}`);
+}
+
+/** Result types for the worker's connections: timestamptz as precise seconds, the rest as pg
+ * parses them. */
+const WORKER_TYPES = {
+  getTypeParser: (oid, format) =>
+    oid === TIMESTAMPTZ && format !== 'binary' ? preciseSeconds : pg.types.getTypeParser(oid, format),
+};
+
 const KEYWORDS = {
   host: 'host',
   hostaddr: 'host',
@@ -108,8 +132,8 @@ export function connectionConfig(url, options) {
 }
 
 /**
- * One connection in `role`; a failure to connect is one line naming the server (never its
- * password).
+ * One connection in `role`, its timestamptz results as Unix seconds to the microsecond; a
+ * failure to connect is one line naming the server (never its password).
  * @param {string} url
  * @param {keyof typeof STATEMENT_SCALE} role
  * @param {import('./config.js').Settings} settings
@@ -132,6 +156,7 @@ export async function connect(url, role, settings) {
     application_name: `media_hooks:${role}`,
     ...config,
     connectionTimeoutMillis: 10_000,
+    types: WORKER_TYPES,
   });
   // An idle connection that the server or the network drops must not crash the process: the
   // next statement on it fails, and that failure is reported.

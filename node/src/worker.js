@@ -173,9 +173,9 @@ export class DatabaseClock {
     this.offsets = [];
   }
 
-  /** @param {Date} databaseTime @param {number} arrived seconds, performance.now() */
+  /** @param {number} databaseTime Unix seconds @param {number} arrived seconds, performance.now() */
   observe(databaseTime, arrived) {
-    const offset = arrived - databaseTime.getTime() / 1000;
+    const offset = arrived - databaseTime;
     while (this.offsets.length && this.offsets.at(-1)[1] >= offset) this.offsets.pop();
     this.offsets.push([arrived, offset]);
     while (this.offsets[0][0] < arrived - DatabaseClock.WINDOW_SECONDS) this.offsets.shift();
@@ -189,9 +189,9 @@ export class DatabaseClock {
     }
   }
 
-  /** @param {Date} databaseTime */
+  /** @param {number} databaseTime Unix seconds */
   monotonicAt(databaseTime) {
-    return databaseTime.getTime() / 1000 + this.offsets[0][1];
+    return databaseTime + this.offsets[0][1];
   }
 }
 
@@ -313,10 +313,10 @@ export class DuePages {
  *
  * @typedef {object} Grant
  * @property {number[]} slots
- * @property {Date[]} startAt
+ * @property {number[]} startAt Unix seconds, on the database's clock
  * @property {number} retryIn
  * @property {string | null} reason
- * @property {Date | null} answeredAt
+ * @property {number | null} answeredAt
  */
 
 /** @returns {Grant} */

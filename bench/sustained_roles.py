@@ -142,8 +142,9 @@ class Timings:
         with self._lock:
             self.samples[kind].append((round(at, 4), round(seconds, 6)))
 
-    def count(self, states: dict[str, str]) -> None:
-        finished = list(states.values())
+    def count(self, recorded: Any) -> None:
+        """Counts what ``leases.record_classified`` recorded (its ``states``)."""
+        finished = list(recorded.states.values())
         with self._lock:
             self.succeeded += finished.count("succeeded")
             self.dead += finished.count("dead")
@@ -160,7 +161,7 @@ class Timings:
 TIMED = (
     ("media_hooks.outbox.claims", "claim_destination_page", "claim"),
     ("media_hooks.outbox.leases", "lease_with_permits", "lease"),
-    ("media_hooks.outbox.leases", "record", "record"),
+    ("media_hooks.outbox.leases", "record_classified", "record"),
 )
 
 

@@ -1,4 +1,9 @@
-"""Retry backoff: exponential, capped, jittered (per destination: base, cap, max_attempts).
+"""Retry backoff: exponential, capped, jittered.
+
+A delivery's retries are scheduled by the database (media_hooks_backoff_seconds_v1, migration
+0017), by this same rule, so that every runtime schedules them alike; this module keeps the
+rule for the engine's own retries (a migration waiting for its lock) and as the reference the
+database's schedule is tested against (media_hooks_tests/test_state_machine_in_sql.py).
 
 After attempt ``n`` fails, the next is due in ``d = min(cap, base * 2**(n-1))`` seconds,
 jittered uniformly over ``[0.8 d, min(1.2 d, cap)]``: the jitter spreads a burst of failures

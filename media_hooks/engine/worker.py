@@ -43,14 +43,9 @@ from media_hooks.core import crashpoints
 from media_hooks.core.config import Settings
 from media_hooks.engine.counts import DeliveryCounts
 from media_hooks.engine.pages import Pages
-from media_hooks.engine.recording import (
-    Recorder,
-    destination_signals,
-    not_sent,
-    to_outcome,
-)
+from media_hooks.engine.recording import Recorder, not_sent, to_outcome
 from media_hooks.http.send_loop import SendLoop
-from media_hooks.http.sender import AttemptResult, Sender
+from media_hooks.http.sender import Sender
 from media_hooks.http.signing import InvalidSecret
 from media_hooks.outbox import destinations, leases, rate_limits
 from media_hooks.outbox.destinations import Destination, disable_destination, get_destination
@@ -187,20 +182,6 @@ class DestinationWorker:
             self._db("disable destination", disable_destination, self.destination_id, reason)
         self.stopped = reason
 
-    def _apply_signals(self, results: list[AttemptResult]) -> None:
-        signals = destination_signals(results, self.destination)
-        if signals.pause is not None:
-            seconds, why = signals.pause
-            self._db(
-                "pause destination",
-                rate_limits.pause_destination,
-                self.destination_id,
-                seconds,
-                why,
-            )
-        for reason in signals.disable:
-            self._disable(reason)
-
     # The relay ---------------------------------------------------------------------------
 
     def _next_page(self) -> list[Message]:
@@ -279,7 +260,7 @@ class DestinationWorker:
 
     def _take(self, future: Future, lease: Lease, slot: int) -> None:
         result = future.result()
-        self.recorder.add(to_outcome(lease, result, self.destination), result)
+        self.recorder.add(to_outcome(lease, result), result)
         self.returned_slots.append(slot)
 
     def _collect(self, timeout: float | None) -> None:
@@ -317,7 +298,11 @@ class DestinationWorker:
         return self.recorder.due(idle)
 
     def _record(self) -> None:
-        self._apply_signals(self.recorder.record())
+        stopped = self.recorder.record()
+        if stopped is not None and self.stopped is None:
+            # A 410 or a refused address disabled the destination in the same statement.
+            log.warning("destination %s disabled: %s", self.destination_id, stopped)
+            self.stopped = stopped
 
     def _ask_delay(self, grant: rate_limits.Grant) -> float:
         """How long after this answer the next ask is worth its round trip.

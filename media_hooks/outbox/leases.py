@@ -56,6 +56,43 @@ class Outcome:
 
 
 @dataclass(frozen=True)
+class Classified:
+    """What one leased attempt came to, as the runtime saw it: the contract's outcome class
+    and the answer's facts, nothing decided (media_hooks_record_outcomes_v1, migration 0017,
+    decides the next state, when it is due and what it does to the destination).
+
+    ``retry_after_seconds`` is the answer's Retry-After as parsed (None: absent or unusable);
+    ``attempted`` False: the request was never started (the worker stopped between lease and
+    send); ``configuration_fault``: the SSRF guard refused the address at connect time. Either
+    gives the attempt's unit of retry budget back. ``finished_monotonic`` as in ``Outcome``.
+    """
+
+    lease: Lease
+    outcome: str
+    http_status: int | None
+    retry_after_seconds: float | None
+    error: str | None
+    response_excerpt: str | None
+    finished_monotonic: float
+    attempted: bool = True
+    configuration_fault: bool = False
+
+    @property
+    def spare(self) -> bool:
+        return not self.attempted or self.configuration_fault
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What ``record_classified`` did: {delivery_id: new state} for the outcomes whose lease
+    still held, and why their destination was disabled when the batch disabled it (a 410, an
+    address the guard refused; None otherwise)."""
+
+    states: dict[str, str]
+    stopped: str | None
+
+
+@dataclass(frozen=True)
 class LeaseStep:
     """What one lease-with-permits round trip did.
 
@@ -146,8 +183,38 @@ def lease_with_permits(
     return LeaseStep(grant, first["examined"], [_lease(r) for r in leased])
 
 
+def record_classified(conn: psycopg.Connection, outcomes: list[Classified]) -> Recorded:
+    """Record classified outcomes; the database decides every next state (one round trip)."""
+    if not outcomes:
+        return Recorded({}, None)
+    now = time.monotonic()
+    document = Jsonb([_classified_json(o, now) for o in outcomes])
+    rows = conn.execute(query("record_classified_outcomes"), {"outcomes": document}).fetchall()
+    return Recorded(
+        states={r["delivery_id"]: r["state"] for r in rows if r["state"] is not None},
+        stopped=next((r["stopped"] for r in rows if r["stopped"] is not None), None),
+    )
+
+
+def _classified_json(outcome: Classified, now: float) -> dict[str, object]:
+    return {
+        "delivery_id": outcome.lease.delivery_id,
+        "lease_token": str(outcome.lease.lease_token),
+        "outcome": outcome.outcome,
+        "http_status": outcome.http_status,
+        "retry_after": outcome.retry_after_seconds,
+        "error": outcome.error,
+        "excerpt": outcome.response_excerpt,
+        "finished_ago": now - outcome.finished_monotonic,
+        "attempted": outcome.attempted,
+        "configuration_fault": outcome.configuration_fault,
+    }
+
+
 def record(conn: psycopg.Connection, outcomes: list[Outcome]) -> dict[str, str]:
-    """Record outcomes; returns {delivery_id: new state} for the ones whose lease still held."""
+    """Record outcomes with the delays given (the previous release's recording: this
+    release's worker uses ``record_classified``); returns {delivery_id: new state} for the
+    ones whose lease still held."""
     if not outcomes:
         return {}
     rows = conn.execute(

@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from media_hooks.core import crashpoints
 from media_hooks.devtools.receiver import Receiver
 from media_hooks_tests.conftest import REPO
+from media_hooks_tests.crashes import assert_interruption_is_on_record, wait_until_swept_work_is_due
 from media_hooks_tests.factories import add_deliveries, add_destination, states
 
 RUN = """
@@ -54,23 +54,6 @@ def _run(
     )
 
 
-def _wait_until_swept_work_is_due(conn, deadline_seconds: float = 15.0) -> None:
-    """Wait (on the database clock) until expired leases and stale enqueues are sweepable."""
-    deadline = time.monotonic() + deadline_seconds
-    while time.monotonic() < deadline:
-        row = conn.execute(
-            """
-            SELECT count(*) FILTER (WHERE state = 'leased' AND lease_until >= now()) AS live_leases,
-                   count(*) FILTER (WHERE state = 'enqueued' AND updated_at >= now() - interval '1 second') AS fresh
-            FROM webhook_delivery
-            """
-        ).fetchone()
-        if row["live_leases"] == 0 and row["fresh"] == 0:
-            return
-        time.sleep(0.05)
-    pytest.fail("leases / enqueues did not lapse in time")
-
-
 @pytest.mark.parametrize("point", crashpoints.POINTS)
 def test_a_process_killed_at_each_point_loses_and_duplicates_nothing(conn, database_url, point):
     with Receiver() as receiver:
@@ -81,7 +64,7 @@ def test_a_process_killed_at_each_point_loses_and_duplicates_nothing(conn, datab
         assert crashed.returncode == crashpoints.CRASH_EXIT_STATUS, crashed.stderr
         assert f"crash point {point} reached" in crashed.stderr
 
-        _wait_until_swept_work_is_due(conn)
+        wait_until_swept_work_is_due(conn)
         recovered = _run(database_url, "run-recovery")
         assert recovered.returncode == 0, recovered.stderr
 
@@ -90,29 +73,4 @@ def test_a_process_killed_at_each_point_loses_and_duplicates_nothing(conn, datab
         assert {r.webhook_id for r in receiver.requests} <= set(ids)
         assert all(r.idempotency_key == r.webhook_id for r in receiver.requests)
         assert receiver.effects == COUNT
-        _assert_interruption_is_on_record(conn, point)
-
-
-def _assert_interruption_is_on_record(conn, point: str) -> None:
-    crashed_outbox = conn.execute(
-        "SELECT count(*) AS n, count(published_at) AS published FROM dispatch_outbox WHERE run_id = 'run-crashed'"
-    ).fetchone()
-    if point == crashpoints.BEFORE_CLAIM_COMMIT:
-        assert crashed_outbox["n"] == 0  # the claim rolled back: nothing was dispatched
-        return
-    assert crashed_outbox["n"] > 0
-    if point == crashpoints.AFTER_OUTBOX_COMMIT:
-        assert crashed_outbox["published"] == 0
-    lost = conn.execute(
-        "SELECT outcome, error FROM delivery_attempt WHERE run_id = 'run-crashed'"
-    ).fetchall()
-    if point in (
-        crashpoints.BEFORE_CLAIM_COMMIT,
-        crashpoints.AFTER_OUTBOX_COMMIT,
-        crashpoints.AFTER_PUBLISH,
-    ):
-        assert lost == []
-    else:
-        # The attempt was opened before the request; the sweep closed it as ambiguous.
-        assert lost and all(a["outcome"] == "ambiguous" for a in lost)
-        assert all("lease expired" in a["error"] for a in lost)
+        assert_interruption_is_on_record(conn, point)

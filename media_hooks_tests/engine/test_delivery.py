@@ -352,10 +352,11 @@ STAGES = {
     "claim": (claims, "claim_destination_page", 2, Reply()),
     "publish": (leases, "publish_messages", 2, Reply()),
     "lease": (leases, "lease_with_permits", 2, Reply()),
-    "record": (leases, "record", 1, Reply()),
+    "record": (leases, "record_classified", 1, Reply()),
+    # A 429's pause is made by the statement that records it (migration 0017).
     "signals": (
-        rate_limits,
-        "pause_destination",
+        leases,
+        "record_classified",
         1,
         Reply(status=429, headers={"Retry-After": "120"}),
     ),

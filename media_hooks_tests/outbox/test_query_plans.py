@@ -182,6 +182,32 @@ def test_outcomes_are_recorded_by_key_whatever_the_statistics_say(stale):
     assert _delivery_indexes(plan["Plan"]) == {"webhook_delivery_pkey"}
 
 
+def test_classified_outcomes_are_recorded_by_key_whatever_the_statistics_say(stale):
+    """The record of migration 0017, with every branch taken (successes, a pause, a 410): each
+    statement inside it reads deliveries by key."""
+    leased = stale.execute(
+        "SELECT delivery_id, lease_token FROM webhook_delivery WHERE state = 'leased' LIMIT 25"
+    ).fetchall()
+    answers = [("success", 200)] * 22 + [("rate_limited", 429)] * 2 + [("rejected", 410)]
+    document = [
+        {
+            "delivery_id": r["delivery_id"],
+            "lease_token": str(r["lease_token"]),
+            "outcome": outcome,
+            "http_status": status,
+            "finished_ago": 0.01,
+        }
+        for r, (outcome, status) in zip(leased, answers, strict=True)
+    ]
+    with _explaining(stale) as plans:
+        rows = stale.execute(
+            query("record_classified_outcomes"), {"outcomes": json.dumps(document)}
+        ).fetchall()
+    assert len([r for r in rows if r["state"]]) == 25
+    reads = {i for p in plans for i in _delivery_indexes(p["Plan"])}
+    assert reads == {"webhook_delivery_pkey"}
+
+
 @contextmanager
 def _explaining(conn: psycopg.Connection) -> Iterator[list[dict]]:
     """auto_explain's plans of what runs inside, nested statements included (the lease runs

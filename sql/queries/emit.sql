@@ -168,6 +168,18 @@ COPY media_hooks_emit_staging_v3
      body_tail)
 FROM STDIN (FORMAT binary);
 
+-- name: emit_staging_rows
+-- description: puts a chunk of a bulk emit's validated events into staging, one array per
+-- column (for a runtime whose driver has no COPY: the Node.js producer); the same rows
+-- emit_staging_copy streams.
+INSERT INTO media_hooks_emit_staging_v3
+    (ordinal, delivery_id, destination_id, event_id, asset_id, event_type, payload, body_head,
+     body_tail)
+SELECT *
+FROM unnest(%(ordinals)s::bigint[], %(delivery_ids)s::text[], %(destination_ids)s::text[],
+            %(event_ids)s::text[], %(asset_ids)s::text[], %(event_types)s::text[],
+            %(payloads)s::text[], %(body_heads)s::bytea[], %(body_tails)s::bytea[]);
+
 -- name: emit_staging_unknown_destination
 -- description: the first staged event (by ordinal) whose destination does not exist, if any.
 SELECT staged.destination_id, staged.first_ordinal AS ordinal

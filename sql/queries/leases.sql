@@ -38,7 +38,9 @@ FROM media_hooks_lease_with_permits_v4(
 
 -- name: record_outcomes
 -- description: Record the outcomes of leased attempts and move each delivery to its next state
---   (docs/contract.md "Outcomes"), closing the attempt rows in the same statement.
+--   (docs/contract.md "Outcomes"), closing the attempt rows in the same statement. The previous
+--   release's recording, where the runtime chose the delay: this release's workers use
+--   record_classified_outcomes; kept while tests and figures set states with it.
 -- keeps: invariant 4 (only the current lease holder moves the row: a late worker whose lease
 --   expired and was re-claimed matches nothing), invariant 5 (a retry changes next_attempt_at
 --   and counts, never identity), invariant 6 (the table owns the retry clock).
@@ -122,6 +124,20 @@ closed AS (
 )
 SELECT delivery_id, state
 FROM moved;
+
+-- name: record_classified_outcomes
+-- description: Record leased attempts as the runtime classified them (docs/contract.md "Outcomes":
+--   the class, the HTTP status, Retry-After as parsed, the error, whether the request was
+--   started, whether the SSRF guard refused the address) and let the database decide all the
+--   rest: the next state, when it is due (backoff with jitter, Retry-After capped, a bare 429's
+--   pause), the retry budget and maximum age, and the destination's pause or disabling. One row
+--   per outcome given: its state when its lease still held (null otherwise), and why its
+--   destination was disabled when this batch disabled it (its worker then stops sending).
+-- keeps: invariant 4 (only the current lease holder moves the row), invariant 5 (a retry
+--   changes next_attempt_at and counts, never identity), invariant 6 (the table owns the retry
+--   clock: the runtime hands over no delay) (media_hooks_record_outcomes_v1, migration 0017).
+SELECT delivery_id, state, stopped
+FROM media_hooks_record_outcomes_v1(%(outcomes)s::jsonb);
 
 -- name: defer_deliveries
 -- description: Hand dispatched deliveries that cannot be sent in this run back to pending,

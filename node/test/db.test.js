@@ -1,0 +1,46 @@
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+
+import { busyCause, connectionConfig, preciseSeconds, redact, sessionSettings } from '../src/db.js';
+
+test("a worker's session carries its role's bounds, as media_hooks/store/db.py sets them", () => {
+  assert.deepEqual(sessionSettings('worker', { statementTimeoutSeconds: 60, lockTimeoutSeconds: 5 }), {
+    statement_timeout: '60000',
+    lock_timeout: '5000',
+    idle_in_transaction_session_timeout: '60000',
+  });
+  assert.equal(sessionSettings('producer', { statementTimeoutSeconds: 60, lockTimeoutSeconds: 0.01 }).lock_timeout, '10');
+});
+
+test('a URL or a libpq key=value string connects, the role\'s options added to its own', () => {
+  assert.deepEqual(connectionConfig("host=/tmp/pg port=5433 dbname=x user=u password='a b\\'c' options='-c x=1'", '-c y=2'), {
+    host: '/tmp/pg',
+    port: '5433',
+    database: 'x',
+    user: 'u',
+    password: "a b'c",
+    options: '-c x=1 -c y=2',
+  });
+  const url = new URL(connectionConfig('postgresql://u@h:1/db?options=-c%20x%3D1', '-c y=2').connectionString);
+  assert.equal(url.searchParams.get('options'), '-c x=1 -c y=2');
+  assert.throws(() => connectionConfig('nonsense', ''), /not a PostgreSQL URL/);
+});
+
+test('a password never shows in a message', () => {
+  assert.equal(redact('postgresql://u:hunter2@h/db'), 'postgresql://u:***@h/db');
+  assert.equal(redact("host=h password='hunter 2' dbname=d"), 'host=h password=*** dbname=d');
+});
+
+test('timestamps keep their microseconds, whatever the session time zone', () => {
+  assert.equal(preciseSeconds('2026-12-04 19:55:42.123456+00'), 1796414142.123456);
+  assert.equal(preciseSeconds('2026-12-04 21:55:42.123456+02'), 1796414142.123456);
+  assert.equal(preciseSeconds('2026-12-04 14:25:42.5-05:30'), 1796414142.5);
+});
+
+test('locks, timeouts and conflicts are retried; anything else is not', () => {
+  assert.match(busyCause({ code: '55P03' }), /lock_timeout/);
+  assert.match(busyCause({ code: '57014', message: 'canceling statement due to statement timeout' }), /statement_timeout/);
+  assert.equal(busyCause({ code: '57014', message: 'canceling statement due to user request' }), null);
+  assert.match(busyCause({ code: '40P01' }), /deadlock/);
+  assert.equal(busyCause({ code: '23505' }), null);
+});

@@ -431,7 +431,7 @@ class _BatchWorker:
                 current.url,
                 current.secrets,
                 current.timeout_seconds,
-                self.settings.allow_private_urls,
+                self.settings.allow_private_urls or current.allow_private_url,
                 current.max_in_flight,
                 loop=self.sends,
             )
@@ -795,11 +795,18 @@ class _BatchWorker:
 
 def _same_sending(before: Destination, after: Destination) -> bool:
     """Whether a sender built for ``before`` still sends as ``after`` says."""
-    return (before.url, before.secrets, before.timeout_seconds, before.max_in_flight) == (
+    return (
+        before.url,
+        before.secrets,
+        before.timeout_seconds,
+        before.max_in_flight,
+        before.allow_private_url,
+    ) == (
         after.url,
         after.secrets,
         after.timeout_seconds,
         after.max_in_flight,
+        after.allow_private_url,
     )
 
 

@@ -18,6 +18,7 @@ SUMMARY_COLUMNS = ("claimed", "succeeded", "retried", "dead", "ambiguous")
 # One claim is one transaction: a page stays small however large the backlog (invariant 7).
 PAGE_SIZE = numeric.Range(1, 10_000, low_inclusive=True, integer=True)
 MAX_SECONDS = numeric.Range(0, 365 * numeric.DAY_SECONDS, unit="seconds")
+INTERRUPTED = "interrupted (Ctrl-C), canceled"
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -169,7 +170,7 @@ def run_deliveries(args: argparse.Namespace) -> int:
     SecretBox.from_env()  # a malformed key is refused here, not by every delivery step
     url = db.ready_url(settings)
     # Dagster loads only when there is work to run: usage errors stay fast.
-    from media_hooks.cli.supervision import DagsterConsole, RunSupervisor
+    from media_hooks.cli.supervision import DagsterConsole, RunInterrupted, RunSupervisor
 
     # Step processes then reuse this ready database instead of resolving the default again.
     os.environ["MEDIA_HOOKS_DATABASE_URL"] = url
@@ -193,9 +194,15 @@ def run_deliveries(args: argparse.Namespace) -> int:
         while True:
             try:
                 run = supervisor.execute(config)
+            except RunInterrupted as interrupted:
+                # The run ended canceled; its rows are released before the command stops.
+                settled, error = supervisor.settle(interrupted.run_id, INTERRUPTED)
+                report.stopped(interrupted.run_id, INTERRUPTED, settled, error)
+                report.finish()
+                raise
             except KeyboardInterrupt:
                 if not watchdog.expired:
-                    _mine(supervisor, "interrupted (Ctrl-C)")
+                    _mine(supervisor, INTERRUPTED)
                     raise
                 run_id, settled, error = _mine(supervisor, supervisor.stop_reason)
                 report.stopped(run_id, supervisor.stop_reason, settled, error)

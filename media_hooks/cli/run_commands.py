@@ -10,7 +10,7 @@ from media_hooks.cli.output import print_json, table
 from media_hooks.core import numeric
 from media_hooks.core.config import Settings
 from media_hooks.core.errors import RuntimeFailure, first_line
-from media_hooks.observe import figures
+from media_hooks.observe import figures, health
 from media_hooks.store import db
 from media_hooks.store.secret_store import SecretBox
 
@@ -121,7 +121,13 @@ class _Report:
     def __init__(self, as_json: bool, log_path) -> None:
         self.as_json = as_json
         self.log_path = log_path
-        self.document: dict = {"recovered": [], "runs": [], "stopped": None, "failed": None}
+        self.document: dict = {
+            "recovered": [],
+            "runs": [],
+            "stopped": None,
+            "failed": None,
+            "attention": [],
+        }
 
     def recovered(self, done: list) -> None:
         for run in done:
@@ -151,6 +157,14 @@ class _Report:
             f"{what} failed: {reason}; {_released(settled, error)} (details: the Dagster UI, "
             f"`media-hooks dev`, and {self.log_path})"
         )
+
+    def attention(self, lines: list[str]) -> None:
+        """What no run can fix (a destination disabled), so that a run that sent nothing
+        never ends quietly."""
+        self.document["attention"] = lines
+        if not self.as_json:
+            for line in lines:
+                print(f"attention: {line} (`media-hooks destination list`)")
 
     def finish(self) -> None:
         if self.as_json:
@@ -222,5 +236,7 @@ def run_deliveries(args: argparse.Namespace) -> int:
             report.run(run.summary.as_dict())
             if not args.until_idle or _idle(url, config) or watchdog.expired:
                 break
+    with db.connect(url, autocommit=True) as conn:
+        report.attention(health.attention(figures.measure(conn)))
     report.finish()
     return 0

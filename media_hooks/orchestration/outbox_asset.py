@@ -26,7 +26,7 @@ measured here.
 # No `from __future__ import annotations`: Dagster reads the check's context annotation as a
 # type, not a string.
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -296,14 +296,15 @@ def last_run_verdict(run_id: str | None, tags: Mapping[str, str]) -> Verdict:
 
 def verdicts(reading: OutboxHealth, thresholds: Thresholds, last_run: Verdict) -> list[Verdict]:
     f = reading.figures
+    late = threshold_verdict(
+        OLDEST_DUE, "oldest due delivery", f.oldest_due_age_seconds, thresholds.oldest_due_seconds
+    )
+    # Which publisher is behind: each destination's oldest due delivery, beside the figure.
+    table = MetadataValue.md(destinations_table(reading))
+    late = replace(late, metadata={**late.metadata, "destinations": table})
     return [
         *(invariant_verdict(r) for r in reading.invariants.results),
-        threshold_verdict(
-            OLDEST_DUE,
-            "oldest due delivery",
-            f.oldest_due_age_seconds,
-            thresholds.oldest_due_seconds,
-        ),
+        late,
         threshold_verdict(
             RELAY_LAG, "relay lag", f.relay_lag_seconds, thresholds.relay_lag_seconds
         ),

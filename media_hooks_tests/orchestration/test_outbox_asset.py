@@ -12,6 +12,7 @@ from media_hooks.orchestration import outbox_asset
 from media_hooks.orchestration.definitions import defs, outbox_checks_sensor
 from media_hooks.orchestration.metadata import ALERT_TAG
 from media_hooks.orchestration.resources import DeliverySettingsResource, PostgresResource
+from media_hooks.outbox.destinations import disable_destination
 from media_hooks_tests.factories import add_deliveries, add_destination
 from media_hooks_tests.observe.test_checks import BREAKS, history  # noqa: F401 (a fixture)
 from media_hooks_tests.orchestration.conftest import deliver
@@ -178,6 +179,28 @@ def test_a_run_that_delivers_is_green_with_passing_checks(
     evaluations = _evaluations_of(own_instance, run.run_id)
     assert [name for name, e in evaluations.items() if not e.passed] == []
     assert len(evaluations) == len(outbox_asset.SPECS)
+
+
+def test_a_disabled_destination_tags_the_runs_that_answer_for_it(
+    own_instance, database_url, conn, receiver
+):
+    """A run that delivers while a destination is disabled says so; a run for other named
+    destinations does not answer for it."""
+    add_destination(conn, "cdn", receiver.url + "cdn")
+    add_destination(conn, "mine", "http://127.0.0.1:9/hook")
+    disable_destination(conn, "mine", "publisher's maintenance window")
+    add_deliveries(conn, "mine", 1)
+    add_deliveries(conn, "cdn", 1, prefix="first")
+    every = deliver(own_instance, database_url)
+    add_deliveries(conn, "cdn", 1, prefix="second")
+    named = deliver(own_instance, database_url, {"destination_ids": ["cdn"]})
+    tags = [own_instance.get_run_by_id(r.run_id).tags for r in (every, named)]
+    assert [(t["media_hooks/outcome"], t.get(ALERT_TAG)) for t in tags] == [
+        ("all-delivered", "destination disabled"),
+        ("all-delivered", None),
+    ]
+    # The outbox's check names it whatever the run's cohort: it is the outbox's state.
+    assert not _evaluations_of(own_instance, named.run_id)["destinations_sending"].passed
 
 
 def test_the_recovery_clock_is_the_outboxs_freshness():

@@ -346,11 +346,15 @@ def summarize_run(
     summary = summarize(context.run_id, results)
     with postgres.connection() as conn:
         reading = outbox_asset.measure(conn, delivery_settings.settings())
+    f = reading.figures
+    named = prepared.cohort.destination_ids
     tags = outcome_tags(
         summary.claimed,
         summary.totals,
-        due_unsendable=reading.figures.oldest_due_any_age_seconds is not None,
-        disabled=reading.disabled,
+        # Due deliveries, and none a run may send: all wait for paused or disabled destinations.
+        due_unsendable=f.oldest_due_any_age_seconds is not None and not f.due_work,
+        # A run for named destinations answers for those only.
+        disabled=[d for d in reading.disabled if not named or d.destination_id in named],
     )
     context.instance.add_run_tags(context.run_id, tags)
     found = outbox_asset.record_after_run(context, reading, tags)

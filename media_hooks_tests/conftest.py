@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -267,14 +268,24 @@ def run_cli(
     )
 
 
+def default_sigint() -> None:
+    """In a started process, before it runs: SIGINT back to its default disposition.
+
+    A test session started in the background (``nohup pytest ... &``) ignores SIGINT, and an
+    ignored signal stays ignored in every process it starts: a test that sends SIGINT (Ctrl-C)
+    to a process it started must give that process the terminal's default first."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_cli(
     *args: str,
     env: dict[str, str],
     own_session: bool = False,
     stderr: int = subprocess.PIPE,
 ) -> subprocess.Popen[str]:
-    """Start ``media-hooks`` as a real process without waiting for it; ``own_session``: in a
-    session (and process group) of its own, so that it can be signalled with all it starts."""
+    """Start ``media-hooks`` as a real process without waiting for it, as from a terminal (its
+    SIGINT is Ctrl-C's, whatever this session ignores); ``own_session``: in a session (and
+    process group) of its own, so that it can be signalled with all it starts."""
     return subprocess.Popen(
         [sys.executable, "-m", "media_hooks.cli", *args],
         env=env,
@@ -283,6 +294,7 @@ def start_cli(
         stderr=stderr,
         text=True,
         start_new_session=own_session,
+        preexec_fn=default_sigint,
     )
 
 

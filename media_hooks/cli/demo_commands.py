@@ -29,8 +29,8 @@ answer slower than its timeout, a rejection), a few hundred media events are emi
 Dagster delivery job runs until they are delivered or dead. Prints per destination what was
 delivered, retried, rate-limited, ambiguous and dead and the rate achieved against its limit,
 and draws request starts per second against each limit in
-MEDIA_HOOKS_HOME/demo/request_rate.png. Run it again at will: it replaces only its own demo-*
-destinations and their deliveries."""
+MEDIA_HOOKS_HOME/demo/request_rate.png, the pauses the 429s asked for shaded. Run it again at
+will: it replaces only its own demo-* destinations and their deliveries."""
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -41,6 +41,15 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.set_defaults(handler=run)
+
+
+# Under the table, how its counts add up, and what the progress lines' "to send again" was.
+COUNTS_EXPLAINED = (
+    "attempts = delivered + dead + retried + rate-limited: retried is an error or no answer in "
+    "time (ambiguous, counted in retried too), sent again after a backoff; rate-limited is a "
+    "429 that paused the destination, sent again after its Retry-After without spending the "
+    'retry budget; a run\'s retried and rate-limited are what it left "to send again".'
+)
 
 
 def _rate(row: dict) -> str:
@@ -73,6 +82,7 @@ def render(result: DemoResult, embedded: bool) -> str:
         [
             "",
             table(headers, rows),
+            COUNTS_EXPLAINED,
             "",
             f"receiver: {r['requests']} requests, {r['accepted_ids']} distinct deliveries "
             f"accepted, {r['duplicate_requests']} duplicate(s) answered from memory, "

@@ -21,9 +21,11 @@ values on an existing one. --secret replaces the whole list of secrets: repeat i
 new secrets active together during a rotation (every active secret signs each request).
 Secrets at rest: with MEDIA_HOOKS_SECRET_KEY set they are stored encrypted under it; WITHOUT IT
 THEY ARE STORED AS THEY ARE, readable by anyone who can read the webhook_destination table (see
-`media-hooks secrets --help`). Without MEDIA_HOOKS_ALLOW_PRIVATE_URLS=1, a URL whose host
-resolves to an address that is not globally reachable (loopback, private, link-local, carrier-
-grade NAT, documentation, ... and their IPv6 embeddings) is refused."""
+`media-hooks secrets --help`). A URL whose host resolves to an address that is not globally
+reachable (loopback, private, link-local, carrier-grade NAT, documentation, ... and their IPv6
+embeddings) is refused, when added and again when a run connects, unless this destination is
+added with --allow-private-url (a receiver on this machine: docs/first-webhook.md) or
+MEDIA_HOOKS_ALLOW_PRIVATE_URLS=1 allows it for every destination."""
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -117,6 +119,14 @@ def _register_add(sub: argparse._SubParsersAction) -> None:
         help="asset: close an asset's older unsent deliveries of a type as superseded when a "
         "newer one exists (default none)",
     )
+    add.add_argument(
+        "--allow-private-url",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="let this destination (only) reach addresses that are not globally reachable, such "
+        "as a receiver on 127.0.0.1, in every process that sends to it; shown by `list` "
+        "(default: refused, unless MEDIA_HOOKS_ALLOW_PRIVATE_URLS=1)",
+    )
     add.add_argument("--json", action="store_true", help="print one JSON document")
     add.set_defaults(handler=run_add)
 
@@ -136,14 +146,16 @@ def _spec(args: argparse.Namespace) -> destinations.DestinationSpec:
         event_types=None if args.event_types is None else tuple(args.event_types),
         ordering=args.ordering,
         coalescing=args.coalescing,
+        allow_private_url=args.allow_private_url,
     )
 
 
 def run_add(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     spec = _spec(args)
-    # Validate before touching the database, so a mistake costs no server start.
-    destinations.validate_spec(spec, settings)
+    # Validate before touching the database, so a mistake costs no server start (the SSRF
+    # guard too, unless what the destination has stored decides it).
+    destinations.validate_spec(spec, settings, stored_allows=spec.allow_private_url is None)
     with db.connect(db.ready_url(settings)) as conn:
         created = destinations.upsert_destination(conn, spec, settings)
     if spec.secrets and not SecretBox.from_env().encrypting:
@@ -198,7 +210,7 @@ def run_list(args: argparse.Namespace) -> int:
             [
                 [
                     r["destination_id"],
-                    r["url"],
+                    r["url"] + (" (private address allowed)" if r["allow_private_url"] else ""),
                     f"{_number(r['rate_per_second'])}/s burst {r['burst']}",
                     r["max_in_flight"],
                     f"{_number(r['timeout_seconds'])} s",

@@ -18,6 +18,8 @@ from media_hooks.core import numeric
 from media_hooks.core.config import Settings
 from media_hooks.core.errors import RuntimeFailure, UserError, first_line
 from media_hooks.http import ssrf
+from media_hooks.observe.health import disabled_cause
+from media_hooks.outbox import destinations
 from media_hooks.store import db
 from media_hooks.store.secret_store import SecretBox
 
@@ -146,6 +148,24 @@ def _check_port_free(host: str, port: int) -> None:
             raise UserError(f"{host}:{port} is already in use: choose another --port") from None
 
 
+def guard_notes(settings: Settings, database_url: str) -> list[str]:
+    """The SSRF guard's setting, the destinations allowed private addresses, and those it
+    disabled, with how to send to them again."""
+    with db.connect(database_url) as conn:
+        rows = destinations.list_destinations(conn)
+    allowed = [r["destination_id"] for r in rows if r["allow_private_url"]]
+    notes = [ssrf.describe_setting(settings.allow_private_urls, allowed)]
+    for row in rows:
+        if row["state"] == "disabled" and disabled_cause(row["disabled_reason"])[0] == "ssrf_guard":
+            notes.append(
+                f"  destination {row['destination_id']} is disabled by the SSRF guard; to send "
+                f"to {row['url']} from here: `media-hooks destination add {row['destination_id']} "
+                f"--url {row['url']} --allow-private-url`, then `media-hooks destination enable "
+                f"{row['destination_id']}`"
+            )
+    return notes
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -161,7 +181,8 @@ def run_dev(args: argparse.Namespace) -> int:
     env = dagster_environment(settings)
     url = f"http://{args.host}:{args.port}"
     # What every send of this deployment will be held to (the worker inherits the environment).
-    print(ssrf.describe_setting(settings.allow_private_urls), flush=True)
+    for line in guard_notes(settings, env["MEDIA_HOOKS_DATABASE_URL"]):
+        print(line, flush=True)
     print(secrets_at_rest.describe(), flush=True)
     print(
         f"starting the Dagster UI and daemon (DAGSTER_HOME={env['DAGSTER_HOME']}) ...", flush=True

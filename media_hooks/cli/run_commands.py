@@ -10,7 +10,7 @@ from media_hooks.cli.output import print_json, table
 from media_hooks.core import numeric
 from media_hooks.core.config import Settings
 from media_hooks.core.errors import RuntimeFailure, first_line
-from media_hooks.observe import figures
+from media_hooks.observe import figures, health
 from media_hooks.store import db
 from media_hooks.store.secret_store import SecretBox
 
@@ -18,6 +18,7 @@ SUMMARY_COLUMNS = ("claimed", "succeeded", "retried", "dead", "ambiguous")
 # One claim is one transaction: a page stays small however large the backlog (invariant 7).
 PAGE_SIZE = numeric.Range(1, 10_000, low_inclusive=True, integer=True)
 MAX_SECONDS = numeric.Range(0, 365 * numeric.DAY_SECONDS, unit="seconds")
+INTERRUPTED = "interrupted (Ctrl-C), canceled"
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -120,7 +121,13 @@ class _Report:
     def __init__(self, as_json: bool, log_path) -> None:
         self.as_json = as_json
         self.log_path = log_path
-        self.document: dict = {"recovered": [], "runs": [], "stopped": None, "failed": None}
+        self.document: dict = {
+            "recovered": [],
+            "runs": [],
+            "stopped": None,
+            "failed": None,
+            "attention": [],
+        }
 
     def recovered(self, done: list) -> None:
         for run in done:
@@ -151,6 +158,14 @@ class _Report:
             f"`media-hooks dev`, and {self.log_path})"
         )
 
+    def attention(self, lines: list[str]) -> None:
+        """What no run can fix (a destination disabled), so that a run that sent nothing
+        never ends quietly."""
+        self.document["attention"] = lines
+        if not self.as_json:
+            for line in lines:
+                print(f"attention: {line} (`media-hooks destination list`)")
+
     def finish(self) -> None:
         if self.as_json:
             print_json(self.document)
@@ -169,7 +184,7 @@ def run_deliveries(args: argparse.Namespace) -> int:
     SecretBox.from_env()  # a malformed key is refused here, not by every delivery step
     url = db.ready_url(settings)
     # Dagster loads only when there is work to run: usage errors stay fast.
-    from media_hooks.cli.supervision import DagsterConsole, RunSupervisor
+    from media_hooks.cli.supervision import DagsterConsole, RunInterrupted, RunSupervisor
 
     # Step processes then reuse this ready database instead of resolving the default again.
     os.environ["MEDIA_HOOKS_DATABASE_URL"] = url
@@ -193,9 +208,15 @@ def run_deliveries(args: argparse.Namespace) -> int:
         while True:
             try:
                 run = supervisor.execute(config)
+            except RunInterrupted as interrupted:
+                # The run ended canceled; its rows are released before the command stops.
+                settled, error = supervisor.settle(interrupted.run_id, INTERRUPTED)
+                report.stopped(interrupted.run_id, INTERRUPTED, settled, error)
+                report.finish()
+                raise
             except KeyboardInterrupt:
                 if not watchdog.expired:
-                    _mine(supervisor, "interrupted (Ctrl-C)")
+                    _mine(supervisor, INTERRUPTED)
                     raise
                 run_id, settled, error = _mine(supervisor, supervisor.stop_reason)
                 report.stopped(run_id, supervisor.stop_reason, settled, error)
@@ -215,5 +236,7 @@ def run_deliveries(args: argparse.Namespace) -> int:
             report.run(run.summary.as_dict())
             if not args.until_idle or _idle(url, config) or watchdog.expired:
                 break
+    with db.connect(url, autocommit=True) as conn:
+        report.attention(health.attention(figures.measure(conn)))
     report.finish()
     return 0

@@ -53,6 +53,14 @@ _LOG_ROTATE_BYTES = 10 * 1024 * 1024
 JOB_NAME = deliver_webhooks.name
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C reached a delivery run of this process, which ended CANCELED."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(run_id)
+        self.run_id = run_id
+
+
 class DagsterConsole:
     """Where Dagster's console output goes while a run executes: a log file, not the terminal."""
 
@@ -195,7 +203,7 @@ class RunSupervisor:
         if run.interrupted and not self.watchdog.expired:
             # Ctrl-C reached the run's step, which handed back what it held: the command
             # stops as for a Ctrl-C anywhere else.
-            raise KeyboardInterrupt
+            raise RunInterrupted(run.run_id)
         return run
 
     # Called from the watchdog's thread -------------------------------------------------------

@@ -5,14 +5,16 @@ seconds at most ``burst + rate·t`` requests start. So a one-second bar may stan
 by up to the burst (a bucket that drained during a quiet moment), while over time the starts
 keep to the rate. The chart shows both sides of that promise: the bars against the rate and
 against ``burst + rate·1 s``, and the running total against the envelope ``burst + rate·t``.
+A 429's pause is shaded: the gap in a destination's starts there is the publisher's asking.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -28,8 +30,28 @@ class Limit:
 EXPLANATION = (
     "At most burst + rate·t requests start in any t seconds: a one-second bar may exceed the "
     "rate by up to the burst after a quiet moment, and the running total stays under "
-    "burst + rate·t."
+    "burst + rate·t.\nShaded: a pause a 429's Retry-After asked for (the publisher's, not "
+    "the limiter's: nothing starts then)."
 )
+
+
+# A pause a 429 (or a 503 with Retry-After) asked for: seconds since the first start, from the
+# answer to the time the destination could start again.
+Pause = tuple[float, float]
+PAUSE_LABEL = "paused by a 429 (Retry-After)"
+PAUSE_GID = "pause"
+
+
+def _mark_pauses(per_second: Any, running: Any, pauses: Sequence[Pause]) -> None:
+    """Shade each pause on both plots of a destination's row; name it once, in the legend. The
+    bar of second s stands centred on s for the interval [s, s + 1): there a time t is at
+    t - 0.5; the running total is drawn at the time itself."""
+    for number, (start, end) in enumerate(pauses):
+        end = max(end, start + 0.1)
+        label = PAUSE_LABEL if number == 0 else None
+        shade = {"color": "tab:orange", "alpha": 0.25, "label": label, "gid": PAUSE_GID}
+        per_second.axvspan(start - 0.5, end - 0.5, **shade)
+        running.axvspan(start, end, **shade)
 
 
 def plot_request_rates(
@@ -37,10 +59,28 @@ def plot_request_rates(
     limits: Mapping[str, Limit],
     path: Path,
     title: str = "request starts",
+    pauses: Mapping[str, Sequence[Pause]] | None = None,
 ) -> Path:
+    """Draws the chart (``draw_request_rates``) into the PNG ``path``."""
+    from matplotlib import pyplot
+
+    figure = draw_request_rates(starts, limits, title, pauses)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    pyplot.close(figure)
+    return path
+
+
+def draw_request_rates(
+    starts: Mapping[str, Mapping[int, int]],
+    limits: Mapping[str, Limit],
+    title: str = "request starts",
+    pauses: Mapping[str, Sequence[Pause]] | None = None,
+):
     """One row per destination: on the left, starts in each whole second (zeros filled) with
-    its rate and ``burst + rate·1 s``; on the right, starts so far with ``burst + rate·t``.
-    ``starts`` maps destination -> {second since the first start: count}."""
+    its rate and ``burst + rate·1 s``; on the right, starts so far with ``burst + rate·t``; on
+    both, each pause a 429 asked for, shaded. ``starts`` maps destination -> {second since the
+    first start: count}; ``pauses`` destination -> its pauses."""
     # Agg draws to files only: no display is needed, and none is opened.
     import matplotlib
 
@@ -76,7 +116,6 @@ def plot_request_rates(
         per_second.set_ylim(0, limit.envelope(1) * 1.25)
         per_second.set_ylabel("starts / s")
         per_second.set_title(name, loc="left", fontsize=10)
-        per_second.legend(loc="upper right", fontsize=8)
 
         running.plot(
             [0, *ends], [0, *accumulate(counts)], marker=".", markersize=4, label="starts so far"
@@ -89,13 +128,12 @@ def plot_request_rates(
             label=f"burst + rate·t = {limit.burst} + {limit.rate_per_second:g}·t",
         )
         running.set_ylabel("starts")
+        _mark_pauses(per_second, running, (pauses or {}).get(name, ()))
+        per_second.legend(loc="upper right", fontsize=8)
         running.legend(loc="upper left", fontsize=8)
     axes[-1, 0].set_xlabel("seconds since the first request")
     axes[-1, 1].set_xlabel("seconds since the first request (t)")
     figure.suptitle(title)
     figure.text(0.5, 0.005, EXPLANATION, ha="center", va="bottom", fontsize=8.5)
-    figure.tight_layout(rect=(0, 0.03, 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    pyplot.close(figure)
-    return path
+    figure.tight_layout(rect=(0, 0.05, 1, 1))
+    return figure

@@ -10,19 +10,18 @@ starts per second against each limit is written under ``MEDIA_HOOKS_HOME/demo``.
 
 The demo touches only its own data: destinations whose id starts with ``demo-`` and their
 deliveries, outbox rows, attempts and tombstones, which it deletes before it starts. Its
-receiver listens on 127.0.0.1, so it registers its own destinations with private addresses
-allowed and runs the job only for them; users' destinations keep the SSRF guard.
+receiver listens on 127.0.0.1, so it registers its own destinations with
+``allow_private_url`` (each of them only: `media-hooks dev`'s runs send to them too) and runs
+the job only for them; users' destinations keep the SSRF guard.
 """
 
 from __future__ import annotations
 
 import base64
 import dataclasses
-import os
 import secrets
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,6 @@ from media_hooks.store import db
 from media_hooks.store.sqlfiles import query
 
 PREFIX = "demo-"
-ALLOW_PRIVATE_VARIABLE = "MEDIA_HOOKS_ALLOW_PRIVATE_URLS"
 # How long the demo keeps starting runs for deliveries that wait on a retry or a pause.
 MAX_DELIVERY_SECONDS = 40.0
 EVENT_TYPES = ("transcode.completed", "rights.updated", "transcode.started", "rights.expired")
@@ -144,9 +142,7 @@ def reset(conn: psycopg.Connection) -> dict[str, int]:
 
 
 def register(conn: psycopg.Connection, url: str, keys: dict[str, str], settings: Settings) -> None:
-    # The demo's receiver is on loopback; only these destinations are registered with that
-    # allowed, and the guard stays as configured for everyone else's.
-    own = dataclasses.replace(settings, allow_private_urls=True)
+    # The demo's receiver is on loopback: these destinations, and only they, may reach it.
     for d in DESTINATIONS:
         spec = DestinationSpec(
             destination_id=d.destination_id,
@@ -159,23 +155,9 @@ def register(conn: psycopg.Connection, url: str, keys: dict[str, str], settings:
             max_attempts=5,
             backoff_base_seconds=1.0,
             backoff_cap_seconds=3.0,
+            allow_private_url=True,
         )
-        upsert_destination(conn, spec, own)
-
-
-@contextmanager
-def _private_sends_allowed() -> Iterator[None]:
-    """The job's step processes read the guard from the environment; the demo's runs are for
-    its own loopback destinations only (their cohort is the demo's destination ids)."""
-    previous = os.environ.get(ALLOW_PRIVATE_VARIABLE)
-    os.environ[ALLOW_PRIVATE_VARIABLE] = "1"
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(ALLOW_PRIVATE_VARIABLE, None)
-        else:
-            os.environ[ALLOW_PRIVATE_VARIABLE] = previous
+        upsert_destination(conn, spec, settings)
 
 
 def _unfinished(url: str) -> dict[str, Any]:
@@ -200,6 +182,29 @@ def next_run(wait_seconds: float) -> str:
     )
 
 
+# A run's counts, in the order they add up to what it claimed.
+RUN_COUNTS = (
+    ("succeeded", "succeeded"),
+    ("retried", "retried"),
+    ("rate_limited", "rate-limited"),
+    ("dead", "dead"),
+    ("deferred", "handed back unsent"),
+    ("skipped", "skipped"),
+    ("guard_refused", "refused by the SSRF guard"),
+)
+
+
+def run_line(run_id: str, claimed: int, totals: dict[str, int]) -> str:
+    """A run's progress line: what it claimed, and where each claimed delivery went (the
+    counts that are zero, after the first four, are left out)."""
+    parts = [
+        f"{words} {totals.get(key, 0)}"
+        for number, (key, words) in enumerate(RUN_COUNTS)
+        if number < 4 or totals.get(key, 0)
+    ]
+    return f"  run {run_id}: claimed {claimed} = " + " + ".join(parts)
+
+
 def deliver_until_idle(settings: Settings, url: str, say: Callable[[str], None]) -> list[dict]:
     """Run the Dagster delivery job for the demo's destinations until none of their deliveries
     is left to send; deliveries waiting on a retry time or a pause are waited for, up to
@@ -209,43 +214,46 @@ def deliver_until_idle(settings: Settings, url: str, say: Callable[[str], None])
     from media_hooks.orchestration.running import execute_delivery
 
     runs: list[dict] = []
-    with _private_sends_allowed():
-        instance = open_instance(settings)
-        deadline = time.monotonic() + MAX_DELIVERY_SECONDS
-        while True:
-            run = execute_delivery(
-                instance, {"destination_ids": _ids()}, tags={"media_hooks/trigger": "demo"}
+    instance = open_instance(settings)
+    deadline = time.monotonic() + MAX_DELIVERY_SECONDS
+    while True:
+        run = execute_delivery(
+            instance, {"destination_ids": _ids()}, tags={"media_hooks/trigger": "demo"}
+        )
+        if not run.success:
+            with db.connect(url, autocommit=True) as conn:
+                sweeps.release_run(conn, run.run_id)
+            raise RuntimeFailure(
+                f"delivery run {run.run_id} failed; its steps' errors are in the Dagster UI "
+                "(`media-hooks dev`)"
             )
-            if not run.success:
-                with db.connect(url, autocommit=True) as conn:
-                    sweeps.release_run(conn, run.run_id)
-                raise RuntimeFailure(
-                    f"delivery run {run.run_id} failed; its steps' errors are in the Dagster UI "
-                    "(`media-hooks dev`)"
-                )
-            summary = run.summary.as_dict()
-            runs.append(summary)
+        runs.append(run.summary.as_dict())
+        say(run_line(run.run_id, run.summary.claimed, run.summary.totals))
+        left = _unfinished(url)
+        if not left["unfinished"] or left["due_in_seconds"] is None:
+            return runs
+        wait = max(left["due_in_seconds"], 0.0)
+        if time.monotonic() + wait > deadline:
             say(
-                f"  run {run.run_id}: claimed {summary['claimed']}, succeeded "
-                f"{summary['succeeded']}, retried {summary['retried']}, dead {summary['dead']}"
+                f"  {left_to_send(left)}, the first due in {wait:.1f}s: past the demo's "
+                f"{MAX_DELIVERY_SECONDS:.0f}s, so it stops here"
             )
-            left = _unfinished(url)
-            if not left["unfinished"] or left["due_in_seconds"] is None:
-                return runs
-            wait = max(left["due_in_seconds"], 0.0)
-            if time.monotonic() + wait > deadline:
-                say(
-                    f"  {left_to_send(left)}, the first due in {wait:.1f}s: past the demo's "
-                    f"{MAX_DELIVERY_SECONDS:.0f}s, so it stops here"
-                )
-                return runs
-            say(f"  {left_to_send(left)}: {next_run(wait)}")
-            # The next run is worth starting only once something is due again.
-            time.sleep(wait)
+            return runs
+        say(f"  {left_to_send(left)}: {next_run(wait)}")
+        # The next run is worth starting only once something is due again.
+        time.sleep(wait)
 
 
 def summarize(conn: psycopg.Connection) -> list[dict[str, Any]]:
     return _fetch(conn, "demo_summary", {"destination_ids": _ids()})
+
+
+def rate_limit_pauses(conn: psycopg.Connection) -> dict[str, list[tuple[float, float]]]:
+    """Each demo destination's pauses a 429 asked for, for the chart."""
+    pauses: dict[str, list[tuple[float, float]]] = {d: [] for d in _ids()}
+    for row in _fetch(conn, "demo_pauses", {"destination_ids": _ids()}):
+        pauses[row["destination_id"]].append((row["paused_at"], row["resumed_at"]))
+    return pauses
 
 
 def request_starts(conn: psycopg.Connection) -> dict[str, dict[int, int]]:
@@ -280,12 +288,14 @@ def run_demo(settings: Settings, say: Callable[[str], None] = print) -> DemoResu
     with db.connect(url, autocommit=True) as conn:
         rows = summarize(conn)
         series = request_starts(conn)
+        pauses = rate_limit_pauses(conn)
     unfinished = _unfinished(url)["earliest"]
     chart = plot_request_rates(
         series,
         {d.destination_id: Limit(d.rate_per_second, d.burst) for d in DESTINATIONS},
         settings.home / "demo" / "request_rate.png",
         title="media-hooks demo: request starts against each destination's limit",
+        pauses=pauses,
     )
     return DemoResult(
         destinations=rows,

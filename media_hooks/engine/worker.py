@@ -72,11 +72,18 @@ def lease_seconds_for(destination: Destination, sender: Sender, settings: Settin
 
 def _same_sending(before: Destination, after: Destination) -> bool:
     """Whether a sender built for ``before`` still sends as ``after`` says."""
-    return (before.url, before.secrets, before.timeout_seconds, before.max_in_flight) == (
+    return (
+        before.url,
+        before.secrets,
+        before.timeout_seconds,
+        before.max_in_flight,
+        before.allow_private_url,
+    ) == (
         after.url,
         after.secrets,
         after.timeout_seconds,
         after.max_in_flight,
+        after.allow_private_url,
     )
 
 
@@ -162,7 +169,7 @@ class DestinationWorker:
                 current.url,
                 current.secrets,
                 current.timeout_seconds,
-                self.settings.allow_private_urls,
+                self.settings.allow_private_urls or current.allow_private_url,
                 current.max_in_flight,
                 loop=self.sends,
             )

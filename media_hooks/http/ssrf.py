@@ -1,5 +1,5 @@
-"""The SSRF guard: a destination may reach only globally reachable addresses, unless
-``MEDIA_HOOKS_ALLOW_PRIVATE_URLS=1``.
+"""The SSRF guard: a destination may reach only globally reachable addresses, unless it was
+added with ``--allow-private-url`` (it alone) or ``MEDIA_HOOKS_ALLOW_PRIVATE_URLS=1`` (all).
 
 Refused: every range of the IANA IPv4 and IPv6 Special-Purpose Address Registries that is not
 globally reachable (private, shared/CGN, loopback, link-local, documentation, benchmarking, the
@@ -171,7 +171,10 @@ def check_address(address: str, allow_private: bool) -> None:
         return
     why = refusal(address)
     if why is not None:
-        raise ForbiddenAddress(f"{why}: not globally reachable; set {SETTING}=1 to allow it")
+        raise ForbiddenAddress(
+            f"{why}: not globally reachable; to allow it for this destination only, add it with "
+            f"--allow-private-url (or set {SETTING}=1 for every destination)"
+        )
 
 
 def check_url(url: str, allow_private: bool) -> None:
@@ -202,14 +205,21 @@ def _literal(host: str) -> IPAddress | None:
         return None
 
 
-def describe_setting(allow_private: bool) -> str:
-    """The guard's effective setting, in one line (``media-hooks dev`` prints it)."""
+def describe_setting(allow_private: bool, allowed_destinations: list[str] | None = None) -> str:
+    """The guard's effective setting, in one line (``media-hooks dev`` prints it), naming the
+    destinations added with ``--allow-private-url``."""
     if allow_private:
         return (
             f"SSRF guard: off ({SETTING}=1): destinations may reach loopback, private and "
             "link-local addresses"
         )
-    return (
-        "SSRF guard: on: destinations may reach only globally reachable addresses, at add "
-        f"time and at connect time ({SETTING}=1 turns it off, for development)"
-    )
+    lines = [
+        "SSRF guard: on: destinations may reach only globally reachable addresses (checked when "
+        "added and when a run connects)",
+        "  local destinations (a receiver on 127.0.0.1, a private network) will be refused, and "
+        "disabled by the run that tries them: allow one with `media-hooks destination add ID "
+        f"--url URL --allow-private-url`, or every one with {SETTING}=1 (development only)",
+    ]
+    if allowed_destinations:
+        lines.append(f"  allowed private addresses: {', '.join(allowed_destinations)}")
+    return "\n".join(lines)

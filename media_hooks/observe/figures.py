@@ -196,6 +196,14 @@ def measure(
     )
 
 
+def oldest_due_by_destination(
+    conn: psycopg.Connection, *, now: datetime | None = None
+) -> dict[str, datetime]:
+    """Each destination with a delivery due now (sendable or not): when its oldest became due."""
+    rows = conn.execute(query("figures_oldest_due_by_destination"), {"now": now})
+    return {row["destination_id"]: row["oldest_due_at"] for row in rows}
+
+
 def cohort_due(conn: psycopg.Connection, cohort: Cohort) -> bool:
     """Whether a delivery run for ``cohort`` would claim anything now."""
     return bool(conn.execute(query("figures_cohort_due"), cohort.params()).fetchone()["due"])

@@ -20,7 +20,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from media_hooks.core.errors import RuntimeFailure
-from media_hooks.observe import figures
+from media_hooks.observe import figures, health
 from media_hooks.outbox.destinations import list_destinations
 
 ConnectionFactory = Callable[[], AbstractContextManager[psycopg.Connection]]
@@ -60,6 +60,16 @@ def figure_metrics(measured: figures.Figures, destinations: list[dict[str, Any]]
     for name in names:
         paused.add_metric([name], 1 if name in paused_ids else 0)
         disabled.add_metric([name], 1 if name in disabled_ids else 0)
+    # Who disabled it, for alert rules and their routing: every cause is an alert (nothing
+    # reaches that publisher until an operator enables it), never a healthy state.
+    disabled_by = _gauge(
+        "destination_disabled_cause",
+        "1 for each disabled destination, labelled with what disabled it: ssrf_guard, gone "
+        "(a 410), circuit_breaker, settings, configuration or operator. Alert on any.",
+        ("destination_id", "cause"),
+    )
+    for off in health.disabled_destinations(measured):
+        disabled_by.add_metric([off.destination_id, off.cause], 1)
 
     hour = _gauge(
         "attempts_finished_last_hour",
@@ -107,6 +117,7 @@ def figure_metrics(measured: figures.Figures, destinations: list[dict[str, Any]]
         dead,
         paused,
         disabled,
+        disabled_by,
         hour,
         day,
     ]

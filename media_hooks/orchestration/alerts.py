@@ -16,6 +16,7 @@ from datetime import datetime
 import requests
 
 from media_hooks.core.numeric import COUNT, SECONDS_UP_TO_30_DAYS, from_env
+from media_hooks.observe import health
 from media_hooks.observe.figures import Figures
 
 log = logging.getLogger("media_hooks.alerts")
@@ -62,6 +63,8 @@ class AlertState:
 
     in_incident: bool = False
     newest_dead_at: str | None = None
+    # Destinations alerted as disabled, so each is alerted once until it is enabled again.
+    disabled: tuple[str, ...] = ()
 
     def dumps(self, health: str | None = None) -> str:
         """The cursor, led by ``health``: the one line a reader of the sensor's page should see.
@@ -69,7 +72,11 @@ class AlertState:
         The cursor is the only part of a tick that the sensor page shows in every row of its tick
         history and in its header (a skip reason is a tooltip), so the tick's health line rides
         in it; ``loads`` ignores it."""
-        state = {"in_incident": self.in_incident, "newest_dead_at": self.newest_dead_at}
+        state = {
+            "in_incident": self.in_incident,
+            "newest_dead_at": self.newest_dead_at,
+            "disabled": list(self.disabled),
+        }
         return json.dumps({"health": health, **state} if health else state)
 
     @classmethod
@@ -78,8 +85,9 @@ class AlertState:
             return cls()
         try:
             raw = json.loads(cursor)
-            return cls(bool(raw.get("in_incident")), raw.get("newest_dead_at"))
-        except (ValueError, AttributeError):
+            disabled = tuple(str(d) for d in raw.get("disabled") or ())
+            return cls(bool(raw.get("in_incident")), raw.get("newest_dead_at"), disabled)
+        except (ValueError, AttributeError, TypeError):
             return cls()  # a cursor from an older version: start afresh
 
 
@@ -109,10 +117,27 @@ def decide(f: Figures, previous: AlertState, thresholds: Thresholds) -> AlertDec
             f"media_hooks: new dead letter(s); {f.dead_letters} in all. "
             "See `media-hooks status` and requeue with `media-hooks requeue`."
         )
+    disabled = health.disabled_destinations(f)
+    messages += [_disabled_alert(d) for d in disabled if d.destination_id not in previous.disabled]
+    now_disabled = {d.destination_id for d in disabled}
+    messages += [
+        f"media_hooks: destination {gone} is enabled again; its deliveries go out."
+        for gone in previous.disabled
+        if gone not in now_disabled
+    ]
     state = AlertState(
-        in_incident=bool(breaches), newest_dead_at=newest_dead or previous.newest_dead_at
+        in_incident=bool(breaches),
+        newest_dead_at=newest_dead or previous.newest_dead_at,
+        disabled=tuple(sorted(now_disabled)),
     )
     return AlertDecision(state=state, messages=messages)
+
+
+def _disabled_alert(d: health.Disabled) -> str:
+    return (
+        f"media_hooks: {d.describe()}: {d.reason}. Nothing is lost; once fixed, "
+        f"`media-hooks destination enable {d.destination_id}` sends them."
+    )
 
 
 def alert_url() -> str | None:

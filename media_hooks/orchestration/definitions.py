@@ -12,6 +12,7 @@ import warnings
 from dagster import BetaWarning, Definitions, JobDefinition
 
 from media_hooks.orchestration.jobs import deliver_webhooks, discard_dead, requeue_cohort, retention
+from media_hooks.orchestration.outbox_asset import build_outbox_checks_sensor, outbox, outbox_checks
 from media_hooks.orchestration.resources import DeliverySettingsResource, PostgresResource
 from media_hooks.orchestration.schedules import build_daily_schedule
 from media_hooks.orchestration.sensors import build_delivery_lag_sensor, build_run_failure_release
@@ -36,11 +37,16 @@ daily_retention = build_daily_schedule(
 
 delivery_lag_sensor = build_delivery_lag_sensor(deliver_webhooks)
 delivery_run_failure_sensor = build_run_failure_release(deliver_webhooks)
+outbox_checks_sensor = build_outbox_checks_sensor()
 
 defs = Definitions(
+    # The outbox in the catalog: materialized by every delivery run, its checks evaluated after
+    # each run and every few minutes (media_hooks/orchestration/outbox_asset.py).
+    assets=[outbox],
+    asset_checks=[outbox_checks],
     jobs=[deliver_webhooks, requeue_cohort, discard_dead, retention],
     schedules=[nightly_delivery, daily_retention],
-    sensors=[delivery_lag_sensor, delivery_run_failure_sensor],
+    sensors=[delivery_lag_sensor, delivery_run_failure_sensor, outbox_checks_sensor],
     resources={
         "postgres": PostgresResource(),
         "delivery_settings": DeliverySettingsResource(),

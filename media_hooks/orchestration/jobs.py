@@ -13,17 +13,23 @@ executor, keeps deliveries single).
 
 ``delivery_executor`` first records on the run the process that orchestrates its steps
 (``run_workers``): what tells a run whose process was killed from a run that is merely slow,
-since Dagster records no such thing for runs it cannot monitor.
+since Dagster records no such thing for runs it cannot monitor. And a run executed in the
+process that was asked to stop it (``interrupts_cancel``: Ctrl-C on ``media-hooks run``) is
+marked canceling when the interrupt reaches it, so it ends CANCELED as a run terminated from
+the UI does, not FAILURE.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
+from contextvars import ContextVar
 
 from dagster import (
     DagsterEvent,
     DagsterEventType,
+    DagsterExecutionInterruptedError,
+    DagsterRunStatus,
     Executor,
     ExecutorDefinition,
     InitExecutorContext,
@@ -34,6 +40,7 @@ from dagster import (
 # Private paths: the Dagster family is pinned exactly (pyproject.toml), so they are stable here.
 from dagster._core.errors import raise_execution_interrupts
 from dagster._core.events import EngineEventData
+from dagster._core.execution.plan.objects import ErrorSource
 
 from media_hooks.orchestration import run_workers
 from media_hooks.orchestration.config import DeliverConfig
@@ -61,6 +68,37 @@ DELIVERY_DEFAULT_CONFIG = {
 }
 
 
+# Set while a delivery run executes in the process its user stops with Ctrl-C (running.py).
+_INTERRUPT_CANCELS: ContextVar[str | None] = ContextVar(
+    "media_hooks_interrupt_cancels", default=None
+)
+
+
+@contextmanager
+def interrupts_cancel(why: str) -> Iterator[None]:
+    """Within: an interrupt of a delivery run executed here is a request to stop it, ``why``
+    (Dagster counts an interrupt nobody asked for as a failure: a launched run's process killed
+    from outside is one)."""
+    token = _INTERRUPT_CANCELS.set(why)
+    try:
+        yield
+    finally:
+        _INTERRUPT_CANCELS.reset(token)
+
+
+def _mark_canceling(plan_context) -> None:
+    """The run, interrupted where an interrupt is a stop request, is canceling (if nobody said
+    so first): Dagster then ends it CANCELED."""
+    why = _INTERRUPT_CANCELS.get()
+    run = plan_context.instance.get_run_by_id(plan_context.run_id)
+    if why is not None and run is not None and run.status == DagsterRunStatus.STARTED:
+        plan_context.instance.report_run_canceling(run, f"media_hooks: {why}")
+
+
+def _interrupted(event: DagsterEvent) -> bool:
+    return event.is_step_failure and event.step_failure_data.error_source == ErrorSource.INTERRUPT
+
+
 class _RecordsItsWorker(Executor):
     """An executor that records this process as the run's worker, then lets ``inner`` run it."""
 
@@ -84,14 +122,20 @@ class _RecordsItsWorker(Executor):
         # While it waits, an interrupt is raised at once, as it is in a step's own code.
         waiting = False
         while True:
-            with raise_execution_interrupts() if waiting else nullcontext():
-                event = next(events, None)
+            try:
+                with raise_execution_interrupts() if waiting else nullcontext():
+                    event = next(events, None)
+            except (KeyboardInterrupt, DagsterExecutionInterruptedError):
+                _mark_canceling(plan_context)
+                raise
             if event is None:
                 return
             if _waits_for_a_pool_slot(event):
                 waiting = True
             elif event.is_step_start:
                 waiting = False
+            elif _interrupted(event):
+                _mark_canceling(plan_context)
             yield event
 
 

@@ -6,6 +6,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from media_hooks.observe.health import Disabled
 from media_hooks.outbox.cohort import Cohort
 
 TAG_PREFIX = "media_hooks/"
@@ -42,23 +43,50 @@ def _tag_value(value: str) -> str:
     return value[: _TAG_VALUE_MAX - 12] + "…+" + hashlib.sha1(value.encode()).hexdigest()[:8]
 
 
-def run_outcome(claimed: int, delivered: int) -> str:
+# The run list shows a run's tags in key order, each cut to a short width: this one comes
+# first and stays short, and only a run that needs a look has it.
+ALERT_TAG = "alert"
+NOTHING_DELIVERED = "nothing delivered"
+DESTINATION_DISABLED = "destination disabled"
+
+
+def run_outcome(claimed: int, delivered: int, due_unsendable: bool = False) -> str:
     """A delivery run's result in one word for the run list. Only an infrastructure fault fails a
-    run; what receivers answered is this."""
+    run; what receivers answered is this. ``due_unsendable``: deliveries were due when it ended,
+    for paused or disabled destinations only."""
     if claimed == 0:
-        return "nothing-due"
+        return "nothing-sendable" if due_unsendable else "nothing-due"
     if delivered == 0:
         return "nothing-delivered"
     return "all-delivered" if delivered >= claimed else "partly-delivered"
 
 
-def outcome_tags(claimed: int, totals: Mapping[str, int]) -> dict[str, str]:
+def run_alert(claimed: int, delivered: int, disabled: Sequence[Disabled]) -> str | None:
+    """What in a green run needs a look: it delivered nothing while work was due (claimed, or
+    waiting for a disabled destination), or a destination is disabled; else None."""
+    waiting = any(d.waiting for d in disabled)
+    if delivered == 0 and (claimed or waiting):
+        return NOTHING_DELIVERED
+    return DESTINATION_DISABLED if disabled else None
+
+
+def outcome_tags(
+    claimed: int,
+    totals: Mapping[str, int],
+    *,
+    due_unsendable: bool = False,
+    disabled: Sequence[Disabled] = (),
+) -> dict[str, str]:
     delivered = totals.get("succeeded", 0)
-    return {
-        f"{TAG_PREFIX}outcome": run_outcome(claimed, delivered),
+    tags = {
+        f"{TAG_PREFIX}outcome": run_outcome(claimed, delivered, due_unsendable),
         f"{TAG_PREFIX}claimed": str(claimed),
         f"{TAG_PREFIX}delivered": str(delivered),
     }
+    alert = run_alert(claimed, delivered, disabled)
+    if alert is not None:
+        tags[ALERT_TAG] = alert
+    return tags
 
 
 def rows_of_run(run_id: str) -> str:

@@ -20,6 +20,7 @@ from dagster import (
 from dagster._core.execution.plan.objects import ErrorSource  # private; Dagster is pinned
 
 from media_hooks.orchestration.definitions import deliver_webhooks_job
+from media_hooks.orchestration.jobs import interrupts_cancel
 from media_hooks.orchestration.ops.delivery import RunSummary
 
 
@@ -121,19 +122,21 @@ def execute_delivery(
     resources: dict[str, dict[str, Any]] | None = None,
     log_level: str = "WARNING",
 ) -> DeliveryRun:
-    """One run of ``deliver_webhooks``, waited for; never raises for a failed step."""
+    """One run of ``deliver_webhooks``, waited for; never raises for a failed step. An
+    interrupt of this process (Ctrl-C) cancels the run: it ends CANCELED."""
     run_config = delivery_run_config(
         config or {}, execution=execution, resources=resources, log_level=log_level
     )
     # Not opened as a context manager: that sets up the run's resources again, to load outputs
     # (the summary is read from the events instead).
-    result = execute_job(
-        reconstructable(deliver_webhooks_job),
-        instance=instance,
-        run_config=run_config,
-        tags=tags,
-        raise_on_error=False,
-    )
+    with interrupts_cancel("interrupted (Ctrl-C) in the process executing it"):
+        result = execute_job(
+            reconstructable(deliver_webhooks_job),
+            instance=instance,
+            run_config=run_config,
+            tags=tags,
+            raise_on_error=False,
+        )
     return DeliveryRun(
         run_id=result.run_id,
         success=result.success,

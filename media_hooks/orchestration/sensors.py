@@ -21,7 +21,7 @@ from dagster import (
     sensor,
 )
 
-from media_hooks.observe import figures
+from media_hooks.observe import figures, health
 from media_hooks.observe.figures import Figures
 from media_hooks.orchestration import alerts, recovery
 from media_hooks.orchestration.resources import DeliverySettingsResource, PostgresResource
@@ -41,6 +41,7 @@ FAILURE_BACKOFF_SECONDS = 30.0
 FAILURE_BACKOFF_CAP_SECONDS = 600.0
 TRIGGER_TAG = "media_hooks/trigger"
 _RECENT_RUNS = 8
+HEALTHY = "healthy"
 
 
 def delivery_in_flight(context: SensorEvaluationContext, job_name: str) -> bool:
@@ -129,7 +130,7 @@ def _decide(
     """A catch-up run request, or why not, in words."""
     work = f.work_waiting(settings.enqueue_timeout_seconds)
     if not work:
-        return None, "healthy"
+        return None, HEALTHY
     if delivery_in_flight(context, job_name):
         return None, "waiting: a delivery run is queued or in progress"
     recent = recent_runs_of(context.instance, job_name)
@@ -141,6 +142,15 @@ def _decide(
         )
     request = catch_up_request(recent, work, trigger)
     return request, "catch-up run requested (" + "; ".join(work) + ")"
+
+
+def _with_attention(why: str, f: Figures) -> str:
+    """``why``, never "healthy" while a destination is disabled: each is named after it."""
+    look = health.attention(f)
+    if not look:
+        return why
+    lead = "attention: " if why == HEALTHY else f"{why}; attention: "
+    return lead + "; ".join(look)
 
 
 def build_delivery_lag_sensor(
@@ -155,8 +165,9 @@ def build_delivery_lag_sensor(
         "asset's queue; measures oldest due age, relay lag, expired "
         "leases and dead letters; starts a catch-up run whenever there is work (due "
         "deliveries, expired leases, stale enqueues) and no delivery run is queued or in "
-        "progress; alerts once per incident (MEDIA_HOOKS_ALERT_URL) and once when it clears. "
-        "Each tick's health line is in its cursor.",
+        "progress; alerts once per incident (MEDIA_HOOKS_ALERT_URL) and once when it clears, and "
+        "once for each destination disabled. Each tick's health line is in its cursor: "
+        "'healthy' only while no destination is disabled.",
     )
     def _lag_sensor(
         context: SensorEvaluationContext,
@@ -172,13 +183,13 @@ def build_delivery_lag_sensor(
         decision = alerts.decide(f, previous, alerts.Thresholds.from_env())
         delivered = _send_alerts(context, decision.messages)
         request, why = _decide(context, job.name, f, settings, trigger=name)
-        health = f"{recovered}{why}; {f.headline()}"
-        context.log.info(health)
+        line = f"{recovered}{_with_attention(why, f)}; {f.headline()}"
+        context.log.info(line)
         # An alert that did not get through is tried again on the next tick.
-        cursor = (decision.state if delivered else previous).dumps(health)
+        cursor = (decision.state if delivered else previous).dumps(line)
         if request is not None:
             return SensorResult(run_requests=[request], cursor=cursor)
-        return SensorResult(skip_reason=SkipReason(health), cursor=cursor)
+        return SensorResult(skip_reason=SkipReason(line), cursor=cursor)
 
     return _lag_sensor
 

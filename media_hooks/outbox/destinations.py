@@ -56,6 +56,9 @@ class DestinationSpec:
     event_types: tuple[str, ...] | None = None
     ordering: str | None = None  # 'asset': an asset's deliveries in emission order; 'none'
     coalescing: str | None = None  # 'asset': only an asset's newest of each type is sent
+    # True: this destination may reach addresses that are not globally reachable (a receiver
+    # on this machine, a private network), whatever MEDIA_HOOKS_ALLOW_PRIVATE_URLS says.
+    allow_private_url: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,7 @@ class Destination:
     disabled_reason: str | None
     paused_until: datetime | None
     paused_reason: str | None
+    allow_private_url: bool = False
 
     @classmethod
     def from_row(cls, row: dict[str, Any], box: SecretBox) -> Destination:
@@ -236,8 +240,18 @@ def _check_backoff(base: float | None, cap: float | None) -> None:
         raise UserError(f"backoff cap ({cap:g} s) must not be below the backoff base ({base:g} s)")
 
 
-def validate_spec(spec: DestinationSpec, settings: Settings) -> None:
-    """Every check that needs no database: the values given, then the SSRF guard."""
+def allows_private(spec: DestinationSpec, stored: bool, settings: Settings) -> bool:
+    """Whether the SSRF guard lets this destination reach private addresses: the deployment
+    allows it for all, or the destination for itself (as given, else as stored)."""
+    own = stored if spec.allow_private_url is None else spec.allow_private_url
+    return settings.allow_private_urls or own
+
+
+def validate_spec(
+    spec: DestinationSpec, settings: Settings, *, stored_allows: bool = False
+) -> None:
+    """Every check that needs no database: the values given, then the SSRF guard (which a
+    destination stored with ``allow_private_url`` passes: ``stored_allows``)."""
     validate_identifier(spec.destination_id, "destination id")
     validate_url(spec.url)
     secrets = spec.secrets or ()
@@ -251,7 +265,7 @@ def validate_spec(spec: DestinationSpec, settings: Settings) -> None:
     _check_scope(spec.ordering, "--ordering")
     _check_scope(spec.coalescing, "--coalesce")
     try:
-        check_url(spec.url, settings.allow_private_urls)
+        check_url(spec.url, allows_private(spec, stored_allows, settings))
     except ForbiddenAddress as exc:
         raise UserError(f"destination url refused by the SSRF guard: {exc}") from None
 
@@ -295,7 +309,8 @@ def upsert_destination(
     """
     settings = settings or Settings.from_env()
     box = box or SecretBox.from_env()
-    validate_spec(spec, settings)
+    stored = _fetch(conn, "destination_allows_private_url", {"destination_id": spec.destination_id})
+    validate_spec(spec, settings, stored_allows=bool(stored and stored[0]["allow_private_url"]))
     params = asdict(spec)
     params["secrets"] = None if spec.secrets is None else [box.seal(s) for s in spec.secrets]
     del params["event_types"]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from psycopg import conninfo
 
+from media_hooks.cli import demo_commands
 from media_hooks.devtools import demo
 from media_hooks_tests.conftest import drop_database, run_cli
 from media_hooks_tests.factories import add_deliveries, add_destination
@@ -66,6 +67,25 @@ def test_demo_runs_end_to_end_and_its_summary_matches_the_database(conn, demo_en
     partner = rows[demo.MISBEHAVING]
     assert partner["dead"] == 1 and partner["rate_limited"] == 2 and partner["ambiguous"] == 1
     assert partner["retried"] == 5
+    # The counts add up on the page, as the line under the table says.
+    for row in rows.values():
+        assert row["attempts"] == (
+            row["delivered"] + row["dead"] + row["retried"] + row["rate_limited"]
+        ), row
+    # Each run's line: what it claimed is the sum of where its deliveries went.
+    run_lines = [line for line in result.stderr.splitlines() if ": claimed " in line]
+    assert len(run_lines) == len(document["runs"])
+    for line in run_lines:
+        claimed, parts = line.split(": claimed ", 1)[1].split(" = ")
+        assert int(claimed) == sum(int(part.rsplit(" ", 1)[1]) for part in parts.split(" + "))
+    # Its destinations, and only they, may reach its receiver on 127.0.0.1: runs of
+    # `media-hooks dev` send to them too, whatever that process's environment.
+    allowed = conn.execute(
+        "SELECT destination_id FROM webhook_destination WHERE allow_private_url ORDER BY 1"
+    ).fetchall()
+    assert [r["destination_id"] for r in allowed] == sorted(
+        d.destination_id for d in demo.DESTINATIONS
+    )
     assert all(rows[d]["delivered"] == rows[d]["deliveries"] for d in ("demo-cdn", "demo-archive"))
 
     # The receiver saw each delivered event once as an effect, whatever the retries.
@@ -158,3 +178,34 @@ def test_what_a_run_left_is_told_with_its_reasons_and_what_happens_next(conn):
     assert waiting["due_now"] == 0 and 25 < waiting["due_in_seconds"] <= 30
     assert waiting["earliest"] == later[0]
     assert demo.next_run(29.96).startswith("the first is due in 30.0s (retry backoff, or a pause")
+
+
+def test_the_page_explains_its_counts_in_one_line_under_the_table(tmp_path):
+    row = {
+        "destination_id": "demo-partner",
+        "deliveries": 100,
+        "delivered": 99,
+        "retried": 5,
+        "rate_limited": 2,
+        "ambiguous": 1,
+        "dead": 1,
+        "attempts": 107,
+        "achieved_rate": 8.6,
+        "peak_starts_per_second": 10,
+        "rate_per_second": 10.0,
+    }
+    result = demo.DemoResult(
+        destinations=[row],
+        runs=[{"run_id": "r1"}],
+        receiver={"requests": 107, "accepted_ids": 99, "duplicate_requests": 1,
+                  "rejected_signatures": 0},
+        chart=tmp_path / "chart.png",
+        seconds=22.0,
+        examples={"rate_limited_then_succeeded": "a", "ambiguous_then_succeeded": "b",
+                  "dead": "c"},
+    )  # fmt: skip
+    lines = demo_commands.render(result, embedded=True).splitlines()
+    table_end = next(i for i, line in enumerate(lines) if line.startswith("demo-partner"))
+    assert lines[table_end + 1] == demo_commands.COUNTS_EXPLAINED
+    assert "attempts = delivered + dead + retried + rate-limited" in lines[table_end + 1]
+    assert '"to send again"' in lines[table_end + 1]

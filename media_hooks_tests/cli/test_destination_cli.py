@@ -106,6 +106,24 @@ def test_ssrf_guard_on_and_off(cli_env, database_url, url):
     assert _count(database_url) == 1
 
 
+def test_allow_private_url_is_the_destinations_own_choice_and_list_shows_it(cli_env, database_url):
+    guarded = {k: v for k, v in cli_env.items() if k != "MEDIA_HOOKS_ALLOW_PRIVATE_URLS"}
+    url = "http://127.0.0.1:8765/hook"
+    added = run_cli("destination", "add", "mine", "--url", url, "--allow-private-url", env=guarded)
+    assert added.returncode == 0, added.stderr
+    # Updated without the option: what is stored decides, and the new URL passes.
+    moved = run_cli("destination", "add", "mine", "--url", url + "2", env=guarded)
+    assert moved.returncode == 0, moved.stderr
+    listed = run_cli("destination", "list", env=guarded)
+    assert f"{url}2 (private address allowed)" in listed.stdout
+    document = json.loads(run_cli("destination", "list", "--json", env=guarded).stdout)
+    assert [d["allow_private_url"] for d in document["destinations"]] == [True]
+    refused = run_cli(
+        "destination", "add", "mine", "--url", url, "--no-allow-private-url", env=guarded
+    )
+    _assert_one_clear_line(refused, contains="--allow-private-url")
+
+
 def test_public_ip_literal_is_accepted_by_the_guard(cli_env, database_url):
     guarded = {k: v for k, v in cli_env.items() if k != "MEDIA_HOOKS_ALLOW_PRIVATE_URLS"}
     done = run_cli("destination", "add", "pub", "--url", "https://93.184.216.34/h", env=guarded)

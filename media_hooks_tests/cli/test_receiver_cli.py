@@ -16,7 +16,7 @@ import pytest
 
 from media_hooks.http.outcomes import REJECTED, SUCCESS
 from media_hooks.http.sender import Sender
-from media_hooks_tests.conftest import REPO, run_cli
+from media_hooks_tests.conftest import REPO, default_sigint, run_cli
 
 SECRET = "whsec_" + base64.b64encode(os.urandom(32)).decode()
 
@@ -36,6 +36,7 @@ class Running:
             text=True,
             env=plain_env(),
             cwd=REPO,
+            preexec_fn=default_sigint,
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []

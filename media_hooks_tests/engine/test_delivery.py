@@ -617,6 +617,27 @@ def test_an_address_refused_at_connect_time_disables_the_destination_not_the_del
     assert rate_limits.in_flight(conn, "cdn") == []
 
 
+def test_a_destination_allowed_private_addresses_delivers_where_the_guard_refuses_others(
+    conn, pool, settings
+):
+    """The guard on for the deployment: the destination added with allow_private_url reaches
+    the receiver on 127.0.0.1; its neighbour at the same address is disabled by the guard."""
+    guarded = dataclasses.replace(settings, allow_private_urls=False)
+    with Receiver() as receiver:
+        add_destination(conn, "mine", url=receiver.url + "mine", allow_private_url=True)
+        add_destination(conn, "theirs", url=receiver.url + "theirs", max_in_flight=1)
+        add_deliveries(conn, "mine", 2)
+        add_deliveries(conn, "theirs", 2)
+
+        report = deliver_due(pool, "run-1", guarded)
+
+        assert receiver.effects == 2
+    counts = report.by_destination
+    assert (counts["mine"].succeeded, counts["theirs"].guard_refused) == (2, 1)
+    states = {d["destination_id"]: d["state"] for d in list_destinations(conn)}
+    assert states == {"mine": "enabled", "theirs": "disabled"}
+
+
 @pytest.mark.parametrize(
     "stored",
     [

@@ -113,7 +113,8 @@ def _refused(url: str) -> str:
 @given(REFUSED_V4.flatmap(_spellings_v4))
 def test_every_spelling_of_a_refused_ipv4_address_is_refused(host):
     message = _refused(_url(host))
-    assert "not globally reachable; set MEDIA_HOOKS_ALLOW_PRIVATE_URLS=1" in message
+    assert "not globally reachable; to allow it for this destination only, add it with " in message
+    assert "--allow-private-url (or set MEDIA_HOOKS_ALLOW_PRIVATE_URLS=1" in message
 
 
 @FAST
@@ -222,7 +223,11 @@ def test_unresolvable_host_is_refused(monkeypatch):
         check_url("https://no-such-host.invalid/hook", allow_private=False)
 
 
-def test_the_effective_setting_is_described_in_one_line():
+def test_the_effective_setting_leads_and_a_guarded_one_says_how_local_destinations_pass():
     on, off = ssrf.describe_setting(False), ssrf.describe_setting(True)
-    assert on.startswith("SSRF guard: on") and "\n" not in on
+    assert on.startswith("SSRF guard: on") and "\n" not in off
+    assert "local destinations (a receiver on 127.0.0.1, a private network) will be refused" in on
+    assert "--allow-private-url" in on and "MEDIA_HOOKS_ALLOW_PRIVATE_URLS=1" in on
     assert off.startswith("SSRF guard: off (MEDIA_HOOKS_ALLOW_PRIVATE_URLS=1)")
+    named = ssrf.describe_setting(False, ["mine", "lab"])
+    assert named.splitlines()[-1] == "  allowed private addresses: mine, lab"

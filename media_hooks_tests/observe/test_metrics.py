@@ -36,6 +36,12 @@ def test_every_scrape_measures_afresh(conn, database_url):
     assert after[("media_hooks_destination_paused", (("destination_id", "beta"),))] == 1
     assert after[("media_hooks_destination_paused", (("destination_id", "alpha"),))] == 0
     assert after[("media_hooks_destination_disabled", (("destination_id", "gamma"),))] == 1
+    # What disabled it (its receiver's 410); only disabled destinations have the series.
+    cause = (("cause", "gone"), ("destination_id", "gamma"))
+    assert after[("media_hooks_destination_disabled_cause", cause)] == 1
+    assert [k for k in after if k[0] == "media_hooks_destination_disabled_cause"] == [
+        ("media_hooks_destination_disabled_cause", cause)
+    ]
     assert after[("media_hooks_dead_letters", (("destination_id", "alpha"),))] == 1
     assert after[("media_hooks_attempts_finished_last_hour", (("outcome", "rejected"),))] == 2
     assert after[("media_hooks_oldest_due_age_seconds", ())] > 0

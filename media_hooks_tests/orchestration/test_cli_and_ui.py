@@ -55,6 +55,27 @@ def test_run_until_idle_prints_each_run_as_json(env, conn, receiver):
     assert run_ids == {r["run_id"] for r in runs}
 
 
+def test_a_run_that_disables_a_local_destination_does_not_end_quietly(env, conn):
+    """Issue 35: a first webhook to a receiver on this machine, the guard on. The run sends
+    nothing and says why, in its lines and its JSON."""
+    guarded = {k: v for k, v in env.items() if k != "MEDIA_HOOKS_ALLOW_PRIVATE_URLS"}
+    add_destination(conn, "mine", "http://127.0.0.1:9/hook", max_in_flight=1)
+    add_deliveries(conn, "mine", 2)
+
+    done = run_cli("run", env=guarded, timeout=180)
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == (
+        "attention: destination mine disabled by the SSRF guard, 2 delivery(ies) waiting "
+        "(`media-hooks destination list`)"
+    )
+    again = json.loads(run_cli("run", "--json", env=guarded, timeout=180).stdout)
+    assert again["attention"] == [
+        "destination mine disabled by the SSRF guard, 2 delivery(ies) waiting"
+    ]
+    assert [r["claimed"] for r in again["runs"]] == [0]
+
+
 def test_run_refuses_bad_numbers_in_one_line(env):
     done = run_cli("run", "--page-size", "0", env=env)
     assert done.returncode == 2
@@ -130,6 +151,15 @@ query ($filter: RunsFilter) { runsOrError(filter: $filter) {
   ... on Runs { results { runId status } } } }
 """
 FINISHED = ("SUCCESS", "FAILURE", "CANCELED")
+TERMINATE = """
+mutation ($id: String!) { terminateRun(runId: $id) { __typename
+  ... on TerminateRunFailure { message } ... on PythonError { message } } }
+"""
+OUTBOX_NODE = """
+{ assetNodeOrError(assetKey: {path: ["media_hooks", "outbox"]}) { __typename
+  ... on AssetNode { assetChecksOrError { ... on AssetChecks { checks { name
+      canExecuteIndividually } } } } } }
+"""
 
 
 def _status(url: str, run_id: str) -> str:
@@ -161,6 +191,7 @@ def test_dagster_ui_loads_everything_and_launches_a_delivery_run(env, conn, rece
     url = f"http://127.0.0.1:{port}"
     dev = start_cli("dev", "--port", str(port), env=env, own_session=True, stderr=subprocess.STDOUT)
     held = Receiver(script=lambda info: Reply(delay_seconds=120)).start()
+    halting = Receiver(script=lambda info: Reply(delay_seconds=120)).start()
     try:
         _wait_for(lambda: _serving(url), 120, "the Dagster UI")
         entries = _graphql(url, WORKSPACE_QUERY)["workspaceOrError"]["locationEntries"]
@@ -178,7 +209,15 @@ def test_dagster_ui_loads_everything_and_launches_a_delivery_run(env, conn, rece
         assert {s["name"] for s in repo["sensors"]} == {
             "delivery_lag_sensor",
             "delivery_run_failure_sensor",
+            "outbox_checks_sensor",
         }
+        # No dialog over the first page a browser opens.
+        assert _graphql(url, "{ shouldShowNux }")["shouldShowNux"] is False
+        # The outbox in the catalog, each of its checks executable on its own from its page.
+        node = _graphql(url, OUTBOX_NODE)["assetNodeOrError"]
+        checks = node["assetChecksOrError"]["checks"]
+        assert len(checks) == 16
+        assert {c["canExecuteIndividually"] for c in checks} == {"CAN_EXECUTE"}
 
         # The Launchpad opens on every cohort field; a user edits it and launches.
         config = _launchpad_config(url)
@@ -233,8 +272,19 @@ def test_dagster_ui_loads_everything_and_launches_a_delivery_run(env, conn, rece
         lines = _wait_for(health_lines, 90, "a lag sensor tick")
         assert any("pending" in line and "relay lag" in line for line in lines), lines
 
-        # Ctrl-C while a delivery run is sending (the receiver holds every request until the
-        # sender's timeout).
+        # Terminate from the UI while a delivery run is sending (its receiver holds every
+        # request until the sender's timeout): the run ends CANCELED.
+        add_destination(conn, "halted", halting.url, timeout_seconds=15)
+        add_deliveries(conn, "halted", 2)
+        terminated = _launch(url, {"ops": {"prepare": {"config": {"destination_ids": ["halted"]}}}})
+        assert halting.wait_for(lambda r: r.max_in_flight >= 1, timeout=120)
+        done = _graphql(url, TERMINATE, {"id": terminated})["terminateRun"]
+        assert done["__typename"] == "TerminateRunSuccess", done
+        _wait_for(lambda: _status(url, terminated) in FINISHED, 120, "the terminated run to end")
+        assert _status(url, terminated) == "CANCELED"
+
+        # Ctrl-C on `media-hooks dev` while a delivery run is sending (the same kind of
+        # receiver).
         add_destination(conn, "held", held.url, timeout_seconds=15)
         add_deliveries(conn, "held", 2)
         _launch(url, {"ops": {"prepare": {"config": {"destination_ids": ["held"]}}}})
@@ -251,6 +301,7 @@ def test_dagster_ui_loads_everything_and_launches_a_delivery_run(env, conn, rece
             os.killpg(dev.pid, signal.SIGKILL)
             output, _ = dev.communicate()
         held.stop()
+        halting.stop()
     assert dev.returncode == 0, output[-3000:]
     assert f"Dagster UI: {url}" in output
     assert "Traceback" not in output, output[-5000:]

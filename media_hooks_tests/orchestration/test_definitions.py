@@ -7,6 +7,7 @@ import sys
 
 from dagster import DefaultScheduleStatus, DefaultSensorStatus, Definitions
 
+from media_hooks.observe import checks
 from media_hooks.orchestration.definitions import defs, deliver_webhooks_job
 from media_hooks.orchestration.ops.delivery import Prepared, Shard, shard_caps
 from media_hooks.outbox.cohort import Cohort
@@ -25,7 +26,14 @@ def test_definitions_resolve_with_every_job_schedule_and_sensor():
     assert {s.name for s in repo.sensor_defs} == {
         "delivery_lag_sensor",
         "delivery_run_failure_sensor",
+        "outbox_checks_sensor",
     }
+    # The outbox in the catalog, with its checks: one per invariant of `media-hooks check`,
+    # and the figures, the destinations and the newest run's.
+    assert [k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()] == [
+        "media_hooks/outbox"
+    ]
+    assert len(repo.asset_graph.asset_check_keys) == len(checks.CHECKS) + 1 + 4
     assert all(s.default_status == DefaultScheduleStatus.RUNNING for s in repo.schedule_defs)
     assert all(s.default_status == DefaultSensorStatus.RUNNING for s in repo.sensor_defs)
     assert deliver_webhooks_job().name == "deliver_webhooks"

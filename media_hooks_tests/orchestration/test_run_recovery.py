@@ -104,6 +104,35 @@ def test_a_killed_run_leaves_nothing_stuck_for_the_next(
     assert receiver.accepted_ids == set(ids)
 
 
+def test_ctrl_c_cancels_the_run_and_hands_its_rows_back(env, conn, own_instance, gated):
+    """Ctrl-C (SIGINT to the command's process group, as a terminal sends it) while requests
+    are in flight: the run ends CANCELED, not FAILURE, with why in its canceling event; what it
+    held is due again or recorded; the command says so and exits 130."""
+    receiver, _ = gated  # holds every request: the sender's 3 s timeout ends them
+    add_destination(conn, "cdn", receiver.url, timeout_seconds=3, max_in_flight=2)
+    add_deliveries(conn, "cdn", 6)
+
+    running = _start_cli("run", env=env)
+    assert receiver.wait_for(lambda r: r.max_in_flight >= 2, timeout=120), running.stderr
+    os.killpg(running.pid, signal.SIGINT)
+    out, err = running.communicate(timeout=120)
+
+    assert running.returncode == 130, (out, err)
+    assert err.strip().endswith("media-hooks: interrupted"), err
+    (run,) = _delivery_runs(own_instance)
+    assert run.status == DagsterRunStatus.CANCELED
+    canceling = own_instance.get_records_for_run(
+        run.run_id, of_type=DagsterEventType.RUN_CANCELING
+    ).records
+    assert "interrupted (Ctrl-C)" in canceling[0].event_log_entry.dagster_event.message
+    (line,) = out.splitlines()
+    assert line.startswith(f"run {run.run_id} stopped: interrupted (Ctrl-C), canceled; ")
+    assert set(states(conn)) == {"pending"}
+    cut_short = conn.execute("SELECT outcome FROM delivery_attempt ORDER BY 1").fetchall()
+    assert [r["outcome"] for r in cut_short] == ["ambiguous", "ambiguous"]
+    assert slot_holders(own_instance.event_log_storage) == []
+
+
 @pytest.mark.one_server
 def test_max_seconds_stops_a_run_waiting_for_a_pool_slot(env, conn, own_instance, pool_of_one):
     add_destination(conn, "cdn", "http://127.0.0.1:9/cdn")

@@ -5,6 +5,7 @@ an instance of its own (``own_instance``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -31,6 +32,7 @@ from dagster import (
 )
 
 from media_hooks.core.errors import UserError
+from media_hooks.engine.delivery_run import deliver_due
 from media_hooks.orchestration import definitions, run_workers, schedules, sensors
 from media_hooks.orchestration.definitions import deliver_webhooks_job
 from media_hooks.orchestration.jobs import deliver_webhooks
@@ -38,6 +40,7 @@ from media_hooks.orchestration.recovery import RELEASED_TAG
 from media_hooks.orchestration.resources import DeliverySettingsResource, PostgresResource
 from media_hooks.orchestration.sensors import build_delivery_lag_sensor
 from media_hooks.outbox.cohort import Cohort
+from media_hooks.outbox.destinations import enable_destination
 from media_hooks.outbox.emit import Event, emit
 from media_hooks_tests.factories import add_deliveries, add_destination, claim_all, states
 from media_hooks_tests.orchestration.conftest import hold_pool_slot, slot_holders
@@ -149,6 +152,38 @@ def test_healthy_skip_reason_and_cursor_name_the_figures(own_instance, database_
     # The sensor page shows each tick's cursor (its skip reason only as a tooltip).
     assert _health(result) == message
     assert json.loads(result.cursor)["in_incident"] is False
+
+
+def test_a_destination_the_guard_disabled_is_never_healthy_and_is_alerted_once(
+    own_instance, database_url, conn, pool, settings, inbox, monkeypatch
+):
+    """A run with the guard on disables a destination on 127.0.0.1 (issue 35's first webhook):
+    the tick names it instead of "healthy", the alert names it and its reason once, and its
+    enabling is said once."""
+    monkeypatch.setenv("MEDIA_HOOKS_ALERT_URL", inbox.url)
+    add_destination(conn, "mine", "http://127.0.0.1:9/hook", max_in_flight=1)
+    add_deliveries(conn, "mine", 3)
+    deliver_due(pool, "run-guarded", dataclasses.replace(settings, allow_private_urls=False))
+
+    first = _tick(own_instance, database_url)
+    line = _health(first)
+    assert first.run_requests == []
+    assert line.startswith(
+        "attention: destination mine disabled by the SSRF guard, 3 delivery(ies) waiting; "
+    ), line
+    assert "healthy" not in line
+    assert first.skip_reason.skip_message == line
+    (alert,) = inbox.texts
+    assert alert.startswith("media_hooks: destination mine disabled by the SSRF guard, 3 ")
+    assert "127.0.0.1" in alert and "media-hooks destination enable mine" in alert
+
+    again = _tick(own_instance, database_url, first.cursor)
+    assert len(inbox.texts) == 1 and _health(again) == line
+    enable_destination(conn, "mine")
+    _tick(own_instance, database_url, again.cursor)
+    assert (
+        inbox.texts[1] == "media_hooks: destination mine is enabled again; its deliveries go out."
+    )
 
 
 def _fail_as_the_daemon_would(instance, request: RunRequest) -> str:

@@ -182,6 +182,36 @@ def test_ssrf_guard_applies_without_the_variable(conn):
     assert _count(conn) == 1
 
 
+def test_one_destination_may_be_allowed_private_addresses_and_keeps_it_until_told(conn):
+    """--allow-private-url is the destination's own: stored, kept by an update that does not
+    mention it (a new loopback URL passes), taken back only by --no-allow-private-url, after
+    which the same URL is refused and nothing is written."""
+    guarded = replace(SETTINGS, allow_private_urls=False)
+    upsert_destination(
+        conn,
+        DestinationSpec("mine", "http://127.0.0.1:8765/hook", allow_private_url=True),
+        guarded,
+    )
+    upsert_destination(conn, DestinationSpec("mine", "http://127.0.0.1:8766/hook"), guarded)
+    assert _stored(conn, "mine")["allow_private_url"] is True
+    assert get_destination(conn, "mine").allow_private_url is True
+    assert [(d["destination_id"], d["allow_private_url"]) for d in list_destinations(conn)] == [
+        ("mine", True)
+    ]
+    # Another destination to the same address is refused: the choice was mine's alone.
+    with pytest.raises(UserError, match="--allow-private-url"):
+        upsert_destination(conn, DestinationSpec("other", "http://127.0.0.1:8766/hook"), guarded)
+    with pytest.raises(UserError, match="SSRF"):
+        upsert_destination(
+            conn,
+            DestinationSpec("mine", "http://127.0.0.1:8767/hook", allow_private_url=False),
+            guarded,
+        )
+    assert _stored(conn, "mine")["url"] == "http://127.0.0.1:8766/hook"
+    assert _stored(conn, "mine")["allow_private_url"] is True
+    assert _count(conn) == 1
+
+
 def test_secret_key_decodes_base64():
     assert secret_key("whsec_" + "aGVsbG8=") == b"hello"
 

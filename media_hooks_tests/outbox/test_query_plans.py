@@ -111,6 +111,8 @@ STATEMENTS = {
     "sweep_expired_leases": lambda: {"limit_rows": 1000},
     "sweep_stale_enqueues": lambda: {"timeout_seconds": 3600, "limit_rows": 1000},
     "release_run": lambda: {"run_id": "run-1"},
+    # Read by every delivery run's summary and the outbox checks (media_hooks.observe.figures).
+    "figures_oldest_due_by_destination": lambda: {"now": None},
 }
 
 

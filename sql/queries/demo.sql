@@ -148,3 +148,23 @@ FROM delivery_attempt AS a CROSS JOIN origin
 WHERE a.destination_id = ANY (%(destination_ids)s)
 GROUP BY a.destination_id, 2
 ORDER BY a.destination_id, 2;
+
+-- name: demo_pauses
+-- description: each rate-limited answer (a 429, or a 503 with Retry-After) of a demo destination:
+--   when it came and until when its delivery waited (the attempt's next_attempt_at, no sooner
+--   than the Retry-After, which paused the whole destination), in seconds since the demo's
+--   first start: the chart's pauses.
+WITH origin AS (
+    SELECT min(a.started_at) AS t0
+    FROM delivery_attempt AS a
+    WHERE a.destination_id = ANY (%(destination_ids)s)
+)
+SELECT a.destination_id,
+       extract(epoch FROM a.finished_at - origin.t0)::double precision AS paused_at,
+       extract(epoch FROM a.next_attempt_at - origin.t0)::double precision AS resumed_at
+FROM delivery_attempt AS a CROSS JOIN origin
+WHERE a.destination_id = ANY (%(destination_ids)s)
+  AND a.outcome = 'rate_limited'
+  AND a.finished_at IS NOT NULL
+  AND a.next_attempt_at IS NOT NULL
+ORDER BY a.destination_id, 2;

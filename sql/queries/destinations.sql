@@ -24,9 +24,17 @@ SET url                  = %(url)s,
     backoff_cap_seconds  = COALESCE(%(backoff_cap_seconds)s::double precision, backoff_cap_seconds),
     ordering             = COALESCE(%(ordering)s::text, ordering),
     coalescing           = COALESCE(%(coalescing)s::text, coalescing),
+    allow_private_url    = COALESCE(%(allow_private_url)s::boolean, allow_private_url),
     updated_at           = now()
 WHERE destination_id = %(destination_id)s
 RETURNING *;
+
+-- name: destination_allows_private_url
+-- description: whether a destination was added allowed to reach private addresses (none: it
+-- does not exist yet).
+SELECT allow_private_url
+FROM webhook_destination
+WHERE destination_id = %(destination_id)s;
 
 -- name: destination_get
 -- description: one destination with its secrets, for the sender.
@@ -57,6 +65,7 @@ SELECT destination_id,
              WHERE s.destination_id = w.destination_id ORDER BY s.pattern) AS event_types,
        ordering,
        coalescing,
+       allow_private_url,
        CASE
            WHEN NOT enabled THEN 'disabled'
            WHEN paused_until > now() THEN 'paused'

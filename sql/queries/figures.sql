@@ -110,6 +110,24 @@ FROM webhook_destination
 WHERE NOT enabled OR paused_until > COALESCE(%(now)s::timestamptz, now())
 ORDER BY destination_id;
 
+-- name: figures_oldest_due_by_destination
+-- description: each destination's oldest pending delivery that is due now, whatever its
+-- destination's condition (a paused or disabled one's included): which publisher is behind. One
+-- descent of webhook_delivery_due_by_destination per destination (a small table), so it costs
+-- the same on ten rows or ten million; parked deliveries (due in 9999) are not due.
+SELECT w.destination_id, due.next_attempt_at AS oldest_due_at
+FROM webhook_destination AS w
+CROSS JOIN LATERAL (
+    SELECT d.next_attempt_at
+    FROM webhook_delivery AS d
+    WHERE d.destination_id = w.destination_id
+      AND d.state = 'pending'
+      AND d.next_attempt_at <= COALESCE(%(now)s::timestamptz, now())
+    ORDER BY d.next_attempt_at
+    LIMIT 1
+) AS due
+ORDER BY w.destination_id;
+
 -- name: figures_attempts_by_outcome
 -- description: finished attempts per outcome over the last hour and day (delivery_attempt_finished).
 WITH clock AS (

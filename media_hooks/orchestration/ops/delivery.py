@@ -26,9 +26,10 @@ from media_hooks.engine.counts import DeliveryCounts, tally
 from media_hooks.engine.delivery import deliver_destinations
 from media_hooks.engine.recording import OutcomesNotRecorded
 from media_hooks.observe import figures
-from media_hooks.orchestration import recovery
+from media_hooks.orchestration import outbox_asset, recovery
 from media_hooks.orchestration.config import DeliverConfig
 from media_hooks.orchestration.metadata import (
+    ALERT_TAG,
     cohort_tags,
     counts_table,
     outcome_tags,
@@ -328,18 +329,38 @@ def summarize(run_id: str, results: list[ShardResult]) -> RunSummary:
 
 @op(
     description="Fans in: totals and per-destination counts, how to list this run's rows, and "
-    "the run's outcome as tags for the run list (media_hooks/outcome, media_hooks/delivered)."
+    "the run's outcome as tags for the run list (media_hooks/outcome, media_hooks/delivered, "
+    "and alert when it delivered nothing while work was due or a destination is disabled); "
+    "then materializes media_hooks/outbox as the run leaves it and evaluates its checks."
 )
 def summarize_run(
-    context: OpExecutionContext, prepared: Prepared, results: list[ShardResult]
+    context: OpExecutionContext,
+    prepared: Prepared,
+    results: list[ShardResult],
+    postgres: PostgresResource,
+    delivery_settings: DeliverySettingsResource,
 ) -> Output[RunSummary]:
     summary = summarize(context.run_id, results)
-    tags = outcome_tags(summary.claimed, summary.totals)
+    with postgres.connection() as conn:
+        reading = outbox_asset.measure(conn, delivery_settings.settings())
+    f = reading.figures
+    named = prepared.cohort.destination_ids
+    tags = outcome_tags(
+        summary.claimed,
+        summary.totals,
+        # Due deliveries, and none a run may send: all wait for paused or disabled destinations.
+        due_unsendable=f.oldest_due_any_age_seconds is not None and not f.due_work,
+        # A run for named destinations answers for those only.
+        disabled=[d for d in reading.disabled if not named or d.destination_id in named],
+    )
     context.instance.add_run_tags(context.run_id, tags)
+    found = outbox_asset.record_after_run(context, reading, tags)
     return Output(
         summary,
         metadata={
             "outcome": tags["media_hooks/outcome"],
+            "alert": tags.get(ALERT_TAG, "none"),
+            "outbox_checks": outbox_asset.summary_line(found),
             "claimed": summary.claimed,
             **{name: summary.totals.get(name, 0) for name in COUNT_COLUMNS},
             "per_destination": MetadataValue.md(

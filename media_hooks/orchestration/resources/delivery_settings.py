@@ -11,7 +11,8 @@ from media_hooks.core.config import Settings
 
 
 class DeliverySettingsResource(ConfigurableResource):
-    """Lease and enqueue timeouts default to the environment (docs/contract.md, "Configuration")."""
+    """Lease and enqueue timeouts default to the environment (MEDIA_HOOKS_LEASE_SECONDS,
+    MEDIA_HOOKS_ENQUEUE_TIMEOUT_SECONDS); the job's sizing defaults are set here."""
 
     lease_seconds: float | None = Field(
         default=None, description="Override MEDIA_HOOKS_LEASE_SECONDS for this deployment."

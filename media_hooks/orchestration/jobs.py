@@ -36,6 +36,8 @@ from dagster._core.errors import raise_execution_interrupts
 from dagster._core.events import EngineEventData
 
 from media_hooks.orchestration import run_workers
+from media_hooks.orchestration.celery import executor as celery_steps
+from media_hooks.orchestration.celery.settings import node_tag
 from media_hooks.orchestration.config import DeliverConfig
 from media_hooks.orchestration.ops.delivery import deliver_shard, prepare, summarize_run
 from media_hooks.orchestration.ops.operator import (
@@ -45,7 +47,7 @@ from media_hooks.orchestration.ops.operator import (
 )
 
 DELIVERY_RUN_TAG = {"media_hooks/kind": "delivery"}
-DELIVERY_EXECUTION = {"config": {"in_process": {}}}
+DELIVERY_EXECUTION = {"config": celery_steps.default_execution()}
 
 
 # The Launchpad opens on this: every field of the run's config with its default, ready to edit.
@@ -67,6 +69,10 @@ class _RecordsItsWorker(Executor):
     def __init__(self, inner: Executor) -> None:
         self._inner = inner
 
+    def __getattr__(self, name: str):
+        # What an executor's own loop asks of the run's executor (dagster-celery: app_args).
+        return getattr(self._inner, name)
+
     @property
     def retries(self):
         return self._inner.retries
@@ -77,7 +83,8 @@ class _RecordsItsWorker(Executor):
 
     def execute(self, plan_context, execution_plan) -> Iterator:
         worker = run_workers.this_process(plan_context.run_id)
-        plan_context.instance.add_run_tags(plan_context.run_id, worker.tag())
+        # In a run launched as a Celery task, its worker's name too: the launcher asks it.
+        plan_context.instance.add_run_tags(plan_context.run_id, {**worker.tag(), **node_tag()})
         events = self._inner.execute(plan_context, execution_plan)
         # Dagster's in-process executor does not look for interrupts while a step waits for a
         # pool slot: a run stopped then (canceled, --max-seconds) would wait for the slot first.
@@ -106,16 +113,20 @@ def _waits_for_a_pool_slot(event: DagsterEvent) -> bool:
 
 
 def _create_delivery_executor(init_context: InitExecutorContext) -> Executor:
+    config = init_context.executor_config
+    if celery_steps.BRANCH in config:
+        return _RecordsItsWorker(celery_steps.create_executor(config[celery_steps.BRANCH]))
     return _RecordsItsWorker(multi_or_in_process_executor.executor_creation_fn(init_context))
 
 
 delivery_executor = ExecutorDefinition(
-    name="multi_or_in_process",
-    config_schema=multi_or_in_process_executor.config_schema,
-    requirements=multi_or_in_process_executor.get_requirements,
+    name="delivery",
+    config_schema=celery_steps.with_celery_branch(multi_or_in_process_executor.config_schema),
+    requirements=celery_steps.requirements(multi_or_in_process_executor.get_requirements),
     executor_creation_fn=_create_delivery_executor,
-    description="Dagster's in-process (default) or multiprocess executor; records the run's "
-    "worker process first.",
+    description="Dagster's in-process (the local default), multiprocess or Celery executor "
+    "(the default with MEDIA_HOOKS_CELERY_BROKER_URL set); records the run's worker process "
+    "first.",
 )
 
 

@@ -5,6 +5,7 @@ workers serve the delivery steps; and a worker's start.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -119,6 +120,10 @@ def run_worker(
     # The project's code, loaded once here, before Celery forks its processes: a task starts
     # on code that is already imported.
     import media_hooks.orchestration.definitions  # noqa: F401
+
+    # Celery puts every logger at the worker's level; Dagster's storage loads alembic, whose
+    # INFO lines (a dozen "setup plugin" per process) say nothing about the work.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
 
     app.worker_main(
         [

@@ -7,14 +7,20 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from typing import Any
 
 from celery import Celery
+from celery.exceptions import DuplicateTaskNameWarning
 from dagster_celery.config import dict_wrapper
 from dagster_celery.make_app import make_app
 
 from media_hooks.core.errors import RuntimeFailure, first_line
 from media_hooks.orchestration.celery.settings import CelerySettings
+
+# dagster-celery defines its task again for every step (and run) it sends; the first definition
+# serves them all, so Celery's warning would only repeat in every run's log.
+warnings.filterwarnings("ignore", category=DuplicateTaskNameWarning)
 
 # Results go back to the client that sent the task, over the broker: only a run's own
 # orchestrator reads a step's result, and nothing reads a run task's.

@@ -23,7 +23,6 @@ which never takes a step, so a run's steps never wait for a slot that a run hold
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from typing import Any
@@ -118,13 +117,8 @@ class CeleryDelivery(Executor):
         return self._inner.app_args()
 
     def execute(self, plan_context, execution_plan) -> Iterator:
-        from celery.exceptions import DuplicateTaskNameWarning
         from celery.result import allow_join_result
         from dagster_celery.make_app import make_app
-
-        # dagster-celery defines its step task again for every step it sends; the first
-        # definition serves them all, so Celery's warning would only repeat in every run's log.
-        warnings.filterwarnings("ignore", category=DuplicateTaskNameWarning)
 
         from media_hooks.orchestration.celery import app as celery_app
 

@@ -68,9 +68,10 @@ class CelerySettings:
         except ValueError:
             scheme = ""
         if scheme not in _SCHEMES or "://" not in url:
+            # Not echoed: a malformed URL may hold its password anywhere.
             raise UserError(
                 f"{BROKER_VARIABLE} must be a broker URL such as "
-                f"amqp://user:password@host:5672// (got {shown(url)[:80]!r})"
+                f"amqp://user:password@host:5672// (schemes: {', '.join(sorted(_SCHEMES))})"
             )
         prefix = (os.environ.get(QUEUE_VARIABLE) or DEFAULT_QUEUE).strip()
         if not _QUEUE_NAME.match(prefix):

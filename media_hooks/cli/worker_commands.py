@@ -49,7 +49,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="NAME",
         help="the worker's node name (default media_hooks_steps_<pid>@<host>; %%h is the host)",
     )
-    worker.add_argument("--loglevel", choices=LOG_LEVELS, default="info")
+    worker.add_argument(
+        "--loglevel", choices=LOG_LEVELS, default="info", help="the worker's log level"
+    )
     worker.set_defaults(handler=run_worker)
 
 

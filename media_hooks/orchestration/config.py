@@ -70,8 +70,9 @@ class DeliverConfig(CohortConfig):
     )
     shards: int | None = Field(
         default=None,
-        description="Delivery steps the destinations are split into; empty: one per Celery "
-        "worker process serving the steps (the celery executor), else one. Each step delivers "
+        description="Delivery steps the destinations are split into; empty: MEDIA_HOOKS_SHARDS, "
+        "else one per Celery worker process serving the steps (the celery executor), else one. "
+        "Each step delivers "
         "its destinations concurrently, in threads; with the in-process executor (the local "
         "default) steps run one after another, so more than one pays only with the "
         "multiprocess or celery executor (Launchpad: execution config) or to isolate "

@@ -1,10 +1,8 @@
-"""The delivery job's ``celery`` executor: dagster-celery's, with the deployment's settings.
-
-The job's executor (``jobs.delivery_executor``) is a choice of ``in_process`` (the local
-default), ``multiprocess`` and, with the ``celery`` extra installed, ``celery``: each step a
-Celery task on a ``media-hooks worker``, the broker from ``MEDIA_HOOKS_CELERY_BROKER_URL``.
-Setting that variable makes ``celery`` the default, so the schedule, the sensors and ``media-hooks
-run`` send their steps to the workers with no change to any run config.
+"""The delivery job's ``celery`` executor (``orchestration/executors.py``): dagster-celery's,
+with the deployment's settings. Each step is a Celery task on a ``media-hooks worker``, the
+broker from ``MEDIA_HOOKS_CELERY_BROKER_URL``; setting that variable makes it the default, so the
+schedule, the sensors and ``media-hooks run`` send their steps to the workers with no change to
+any run config.
 
 Before the first step is sent, the run's orchestrator asks the broker which workers serve the
 steps' queue: a broker that does not answer, or no worker, fails the run at once with one line
@@ -23,56 +21,17 @@ which never takes a step, so a run's steps never wait for a slot that a run hold
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import nullcontext
 from typing import Any
 
-from dagster import (
-    Executor,
-    Field,
-    Selector,
-    multiple_process_executor_requirements,
-)
+from dagster import Executor
 
 from media_hooks.orchestration.celery import settings as celery_settings
 from media_hooks.orchestration.celery.settings import CelerySettings
 
-BRANCH = "celery"
 # The run's Celery workers serving its steps, with their processes: {node: processes}.
 WORKERS_TAG = "media_hooks/celery_step_workers"
-
-
-def default_execution() -> dict[str, dict]:
-    """The executor a delivery run uses when its run config names none."""
-    if CelerySettings.from_env() is None:
-        return {"in_process": {}}
-    celery_settings.require_extra()
-    return {BRANCH: {}}
-
-
-def with_celery_branch(base: Field) -> Field:
-    """``base`` (a selector of executors) with the ``celery`` choice added when the extra is
-    installed, defaulting to ``default_execution()``."""
-    fields = dict(base.config_type.fields)
-    if celery_settings.installed():
-        from dagster_celery.executor import CELERY_CONFIG
-
-        fields[BRANCH] = Field(
-            CELERY_CONFIG,
-            is_required=False,
-            description="Each step a Celery task on a `media-hooks worker` (broker: "
-            "MEDIA_HOOKS_CELERY_BROKER_URL unless given here).",
-        )
-    return Field(Selector(fields), default_value=default_execution())
-
-
-def requirements(base: Callable[[dict], list]) -> Callable[[dict], list]:
-    def of(config: dict) -> list:
-        if BRANCH in config:
-            return multiple_process_executor_requirements()
-        return base(config)
-
-    return of
 
 
 def create_executor(config: dict[str, Any]) -> Executor:

@@ -153,9 +153,14 @@ def prepare(
         swept = sweeps.run_sweeps(conn, settings)
         requeued = _requeue_dead(context, conn, config) if config.include_dead else 0
         due = claims.due_destinations(conn, cohort)
-    # Unless configured, one shard per Celery worker process serving the steps (the run's
-    # executor counted them), else one.
-    shards = config.shards or celery_steps.step_processes(context.run.tags) or 1
+    # Unless the run or the deployment says, one shard per Celery worker process serving the
+    # steps (the run's executor counted them), else one.
+    shards = (
+        config.shards
+        or delivery_settings.configured_shards()
+        or celery_steps.step_processes(context.run.tags)
+        or 1
+    )
     prepared = Prepared(
         cohort=cohort,
         page_size=config.page_size or delivery_settings.default_page_size,

@@ -4,6 +4,7 @@
     python -m bench --quick    # scaled down, under 2 minutes
     python -m bench --smoke    # tiny, for CI: proves every measurement runs (figures mean little)
     python -m bench --only deliver,latency --quick
+    python -m bench --only celery  # the Celery workers (run only when named: needs a broker)
     python -m bench --report   # rewrite REPORT.md and the plots from latest.json
 
 Runs against ``MEDIA_HOOKS_DATABASE_URL`` when set, otherwise the embedded server, each
@@ -40,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         default="",
         metavar="NAMES",
-        help="comma-separated measurements: " + ", ".join(suite.MEASUREMENTS),
+        help="comma-separated measurements: "
+        + ", ".join(suite.MEASUREMENTS)
+        + f" ({', '.join(sorted(suite.ON_REQUEST))} only when named)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results")
     parser.add_argument(

@@ -21,6 +21,7 @@ SECTIONS = {
     "fidelity": "5. Rate fidelity",
     "memory": "6. Memory",
     "latency": "7. Latency",
+    "celery": "8. Celery workers",
 }
 MET = {True: "met", False: "**not met**", None: "not measured"}
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
+    celery,
     claim_rate,
     deliver_rate,
     emit_rate,
@@ -45,9 +46,12 @@ MEASUREMENTS: dict[str, Callable[[Session], dict[str, Any]]] = {
     "fidelity": fidelity.measure,
     "latency": latency.measure,
     "memory": memory.measure,
+    "celery": celery.measure,
 }
+# Measurements that run only when named (`--only`): Celery needs a broker and its extra.
+ON_REQUEST = {"celery"}
 # The measurements that run the job (and so need a Dagster storage).
-RUN_DAGSTER = {"deliver", "fixed_cost", "publishers", "latency", "memory"}
+RUN_DAGSTER = {"deliver", "fixed_cost", "publishers", "latency", "memory", "celery"}
 
 
 def _git() -> dict[str, Any]:
@@ -79,7 +83,7 @@ def run(size: Size, only: Sequence[str], out: Path, command: str) -> dict[str, A
     }
     document["machine"]["load_average_before"] = document["machine"].pop("load_average")
     document["machine"]["own_sessions"] = processes.own_sessions
-    names = [name for name in MEASUREMENTS if not only or name in only]
+    names = [name for name in MEASUREMENTS if name in only or not only and name not in ON_REQUEST]
     with session(size) as bench:
         document["postgres"] = postgres(bench.scratch.server)
         for number, name in enumerate(names, start=1):

@@ -4,7 +4,8 @@ Each worker is ``media-hooks worker`` (the documented command) in a process grou
 with its own ``MEDIA_HOOKS_HOME`` and environment: it shares nothing with the others but
 PostgreSQL and the broker. ``LocalWorkers`` starts them, waits until the broker says each one
 serves its queue, kills one with its whole process group (a lost host), and ends every one it
-started, whatever happened.
+started, whatever happened. ``executions`` and ``attempted_by_worker`` read from a run's
+Dagster events which worker executed which step, and how many deliveries each attempted.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from dagster import DagsterEventType, DagsterInstance
 
 from media_hooks.orchestration.celery import app as celery_app
 from media_hooks.orchestration.celery.settings import (
@@ -146,3 +150,30 @@ def _signal_group(worker: Worker, sig: signal.Signals) -> None:
         os.killpg(worker.process.pid, sig)
     except ProcessLookupError:
         pass
+
+
+def executions(instance: DagsterInstance, run_id: str) -> dict[str, list[str]]:
+    """Each step of the run with the Celery workers that executed it, in order (dagster-celery
+    reports each execution as an engine event naming its worker)."""
+    found: dict[str, list[str]] = defaultdict(list)
+    events = instance.get_records_for_run(run_id, of_type=DagsterEventType.ENGINE_EVENT).records
+    for record in events:
+        entry = record.event_log_entry
+        worker = entry.dagster_event.engine_event_data.metadata.get("Celery worker")
+        if worker is not None:
+            found[entry.step_key].append(worker.value)
+    return dict(found)
+
+
+def attempted_by_worker(instance: DagsterInstance, run_id: str) -> dict[str, int]:
+    """Deliveries attempted per worker: each shard's count, credited to the worker whose
+    execution of it produced its output (the last one)."""
+    executed = executions(instance, run_id)
+    counted: dict[str, int] = defaultdict(int)
+    outputs = instance.get_records_for_run(run_id, of_type=DagsterEventType.STEP_OUTPUT).records
+    for record in outputs:
+        entry = record.event_log_entry
+        if entry.step_key.startswith("deliver_shard"):
+            attempted = entry.dagster_event.step_output_data.metadata["attempted"].value
+            counted[executed[entry.step_key][-1]] += attempted
+    return dict(counted)

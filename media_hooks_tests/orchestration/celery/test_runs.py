@@ -18,6 +18,7 @@ import pytest
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, reconstructable
 from dagster._daemon.monitoring.run_monitoring import monitor_started_run
 
+from media_hooks.devtools.celery_workers import executions
 from media_hooks.devtools.receiver import Receiver, Reply
 from media_hooks.orchestration.celery.settings import NODE_TAG
 from media_hooks.orchestration.definitions import deliver_webhooks_job
@@ -26,8 +27,9 @@ from media_hooks.orchestration.running import delivery_run_config
 from media_hooks_tests.conftest import run_cli
 from media_hooks_tests.factories import add_deliveries, add_destination, states
 from media_hooks_tests.interleaving import wait_for
-from media_hooks_tests.orchestration.celery.test_steps import _executions
 
+# Long, and what they prove does not depend on the PostgreSQL version.
+pytestmark = pytest.mark.one_server
 SILENCE_SECONDS = 2
 FINISHED_SECONDS = 180
 
@@ -89,7 +91,7 @@ def test_a_launched_run_on_a_run_worker_sends_its_steps_to_a_steps_worker(
         assert states(conn) == {"succeeded": 20}
         # The run's orchestration on the run worker; every step on the steps worker.
         assert done.tags[NODE_TAG] == runner.name
-        executed = _executions(celery_instance, done.run_id)
+        executed = executions(celery_instance, done.run_id)
         assert set(executed) == {"prepare", "deliver_shard[shard_1_of_1]", "summarize_run"}
         assert {w for workers_of in executed.values() for w in workers_of} == {stepper.name}
 

@@ -16,13 +16,17 @@ import time
 import zlib
 from collections import defaultdict
 
-from dagster import DagsterEventType, RunsFilter
+import pytest
+from dagster import RunsFilter
 
+from media_hooks.devtools.celery_workers import attempted_by_worker, executions
 from media_hooks.devtools.receiver import ReceivedRequest, Receiver, Reply
 from media_hooks_tests.conftest import run_cli, run_cli_together, start_cli
 from media_hooks_tests.factories import add_deliveries, add_destination, states
 from media_hooks_tests.interleaving import wait_for
 
+# Long, and what they prove does not depend on the PostgreSQL version.
+pytestmark = pytest.mark.one_server
 RATE, BURST, IN_FLIGHT = 10.0, 2, 2
 ANSWER = Reply(delay_seconds=0.2)
 # A request reaches the receiver a little after its permit; the project's other limit tests
@@ -88,33 +92,6 @@ def _most_in_flight(requests: list[ReceivedRequest]) -> int:
     return most
 
 
-def _executions(instance, run_id: str) -> dict[str, list[str]]:
-    """Each step of the run with the Celery workers that executed it, in order (dagster-celery
-    reports each execution as an engine event naming its worker)."""
-    found: dict[str, list[str]] = defaultdict(list)
-    events = instance.get_records_for_run(run_id, of_type=DagsterEventType.ENGINE_EVENT).records
-    for record in events:
-        entry = record.event_log_entry
-        worker = entry.dagster_event.engine_event_data.metadata.get("Celery worker")
-        if worker is not None:
-            found[entry.step_key].append(worker.value)
-    return found
-
-
-def _attempted_by_worker(instance, run_id: str) -> dict[str, int]:
-    """Deliveries attempted per worker: each shard's count, credited to the worker whose
-    execution of it produced its output (the last one)."""
-    executed = _executions(instance, run_id)
-    counted: dict[str, int] = defaultdict(int)
-    outputs = instance.get_records_for_run(run_id, of_type=DagsterEventType.STEP_OUTPUT).records
-    for record in outputs:
-        entry = record.event_log_entry
-        if entry.step_key.startswith("deliver_shard"):
-            attempted = entry.dagster_event.step_output_data.metadata["attempted"].value
-            counted[executed[entry.step_key][-1]] += attempted
-    return dict(counted)
-
-
 def _delivery_runs(instance) -> list:
     return list(instance.get_runs(RunsFilter(job_name="deliver_webhooks")))
 
@@ -135,11 +112,11 @@ def test_shards_land_on_both_workers_and_limits_hold_across_them(
         (summary,) = json.loads(one.stdout)["runs"]
         assert summary["succeeded"] == 4 * 30
         (run,) = _delivery_runs(own_instance)
-        executed = _executions(own_instance, run.run_id)
+        executed = executions(own_instance, run.run_id)
         shards = sorted(step for step in executed if step.startswith("deliver_shard"))
         assert shards == ["deliver_shard[shard_1_of_2]", "deliver_shard[shard_2_of_2]"]
         assert {executed[step][-1] for step in shards} == nodes
-        by_worker = _attempted_by_worker(own_instance, run.run_id)
+        by_worker = attempted_by_worker(own_instance, run.run_id)
         assert set(by_worker) == nodes and sum(by_worker.values()) == 4 * 30
         assert all(count >= 30 for count in by_worker.values()), by_worker
 
@@ -156,9 +133,7 @@ def test_shards_land_on_both_workers_and_limits_hold_across_them(
         assert states(conn) == {"succeeded": 4 * 70}
         second = [r for r in _delivery_runs(own_instance) if r.run_id != run.run_id]
         assert len(second) == 2
-        (a, b) = (
-            _executions(own_instance, r.run_id)["deliver_shard[shard_1_of_1]"] for r in second
-        )
+        (a, b) = (executions(own_instance, r.run_id)["deliver_shard[shard_1_of_1]"] for r in second)
         assert {a[-1], b[-1]} == nodes
         shared = conn.execute(
             "SELECT d.destination_id, count(DISTINCT a.run_id) AS runs FROM delivery_attempt a "
@@ -186,12 +161,12 @@ def test_a_worker_killed_mid_run_loses_nothing(conn, celery_env, own_instance, w
 
             def both_shards_started() -> bool:
                 runs = _delivery_runs(own_instance)
-                executed = _executions(own_instance, runs[-1].run_id) if runs else {}
+                executed = executions(own_instance, runs[-1].run_id) if runs else {}
                 return sum(s.startswith("deliver_shard") for s in executed) == 2
 
             wait_for(both_shards_started, "both shards on their workers", timeout=180)
             (run,) = _delivery_runs(own_instance)
-            executed = _executions(own_instance, run.run_id)
+            executed = executions(own_instance, run.run_id)
             step = "deliver_shard[shard_1_of_2]"
             (victim_name,) = executed[step]
             (victim,) = [w for w in started if w.name == victim_name]
@@ -234,7 +209,7 @@ def test_a_worker_killed_mid_run_loses_nothing(conn, celery_env, own_instance, w
     assert check.returncode == 0, check.stdout + check.stderr
     # The killed worker's shard executed again on the other worker, which delivered its
     # destinations, well within two minutes of the kill.
-    assert _executions(own_instance, run.run_id)[step] == [victim.name, survivor.name]
+    assert executions(own_instance, run.run_id)[step] == [victim.name, survivor.name]
     sent = _by_destination(receiver.requests)
     assert max(r.arrived_monotonic for d in victim_ids for r in sent[d]) < killed_at + 120
     released = [

@@ -70,7 +70,24 @@ KILL_METRICS = {
     "seconds_kill_to_last": "kill to the killed worker's destinations' last delivery, s",
     "fraction_of_limits": "achieved / sum of limits, steady state",
 }
+DATABASE_METRICS = {
+    "limiter_writes_per_second_per_destination": "limiter row writes per second per publisher",
+    "commits_per_delivery": "committed transactions on the project's database per delivery",
+    "peak_connections": "the most connections to the project's database at once",
+    "bytes_per_delivery": "table and index bytes per delivery (delivery, outbox, attempt, identity)",
+}
 IDENTITIES = "INSERT INTO delivery_identity (delivery_id) SELECT delivery_id FROM webhook_delivery"
+COUNTERS = """
+SELECT (SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'destination_limiter'),
+       (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database())
+"""
+CONNECTIONS = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+BYTES = """
+SELECT sum(pg_total_relation_size(t::regclass))
+FROM unnest(ARRAY['webhook_delivery', 'dispatch_outbox', 'delivery_attempt',
+                  'delivery_identity']) AS t
+"""
+SAMPLE_SECONDS = 0.5
 
 
 def _seed(found: list[Destination], counts: dict[str, int]) -> Callable[[str], None]:
@@ -133,6 +150,49 @@ def _worker_share(session: Session, storage: str, run: paths.PathRun) -> float |
     return min(counted.values()) / total if total else None
 
 
+class _Database:
+    """What a run asked of the project's database: limiter writes, commits, connections at
+    once (sampled), and the bytes its rows take."""
+
+    def __init__(self, url: str, destinations: int) -> None:
+        self.url, self.destinations = url, destinations
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="connections", daemon=True)
+
+    def _read(self, statement: str) -> tuple:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            return conn.execute(statement).fetchone()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(SAMPLE_SECONDS):
+            # Less this sampler's own connection.
+            self.peak = max(self.peak, self._read(CONNECTIONS)[0] - 1)
+
+    def __enter__(self) -> _Database:
+        self.before = self._read(COUNTERS)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def figures(self, run: paths.PathRun) -> dict[str, float | None]:
+        writes, commits = (a - b for a, b in zip(self._read(COUNTERS), self.before, strict=True))
+        times = [start.at for start in run.starts]
+        span = max(times) - min(times) if len(times) > 1 else None
+        delivered = run.delivered or None
+        return {
+            "limiter_writes_per_second_per_destination": (
+                writes / span / self.destinations if span else None
+            ),
+            "commits_per_delivery": commits / delivered if delivered else None,
+            "peak_connections": self.peak,
+            "bytes_per_delivery": self._read(BYTES)[0] / delivered if delivered else None,
+        }
+
+
 def _arrangement(session: Session, template: str, found, expected: int, workers: int):
     def run() -> dict[str, Any]:
         with (
@@ -140,8 +200,10 @@ def _arrangement(session: Session, template: str, found, expected: int, workers:
             session.dagster_storage() as storage,
             _deployment(session, url, storage, workers) as (extra, _),
         ):
-            done = paths.run_job(session, url, storage, **extra)
+            with _Database(url, len(found)) as database:
+                done = paths.run_job(session, url, storage, **extra)
             figures = publishers.steady_figures(done, found, expected)
+            figures.update(database.figures(done))
             figures["envelope_excess_ms"] = _envelope_ms(done, found)
             if workers:
                 figures["smallest_worker_share"] = _worker_share(session, storage, done)
@@ -273,7 +335,7 @@ def measure(session: Session) -> dict[str, Any]:
     runs = session.interleaved(runners)
     with session.share(1):
         killed = [_killed(session, template, found, expected)()]
-    figures = stats.summarize(runs, list(METRICS))
+    figures = stats.summarize(runs, [*METRICS, *DATABASE_METRICS])
     figures[KILLED] = stats.summarize({KILLED: killed}, list(KILL_METRICS))[KILLED]
     evidence = killed[-1]
     targets = []
@@ -322,7 +384,11 @@ def measure(session: Session) -> dict[str, Any]:
     )
     return {
         "title": "Celery workers: the same publishers delivered locally, by one worker and by two",
-        "metrics": {**METRICS, **{k: v for k, v in KILL_METRICS.items() if k not in METRICS}},
+        "metrics": {
+            **METRICS,
+            **{k: v for k, v in KILL_METRICS.items() if k not in METRICS},
+            **DATABASE_METRICS,
+        },
         "size": {
             "destinations": len(found),
             "rate_per_second": found[0].rate_per_second,
@@ -346,6 +412,11 @@ def measure(session: Session) -> dict[str, Any]:
             "by the receiver's timestamps; every window of each publisher's requests.",
             "Worker share: each shard's attempted deliveries, credited to the worker whose "
             "execution of it ended it (Dagster's events of the run).",
+            "Database: limiter writes from pg_stat_user_tables (destination_limiter) over the "
+            "receiver's span of the run; commits from pg_stat_database; connections sampled "
+            f"every {SAMPLE_SECONDS:g} s from pg_stat_activity (the run's database only: "
+            "Dagster's storage is another); bytes of the four tables a delivery writes, after "
+            "the run, over the deliveries.",
             f"Killed: once both shards deliver and {KILL_AFTER_FRACTION:.0%} of the deliveries "
             "have arrived, the worker executing the shard of the most publishers is SIGKILLed "
             "with its process "

@@ -60,6 +60,8 @@ METRICS = {
     "envelope_excess_ms": "worst publisher window over burst + rate x t, ms of arrival jitter",
     "machine_cpu_ms_per_delivery": "machine CPU per delivery, ms",
     "smallest_worker_share": "the least-loaded worker's share of the deliveries",
+    "worker_cpu_ms_per_delivery": "the workers' own CPU per delivery (their processes' CPU "
+    "time), ms",
     "seconds": "process wall time, s",
 }
 KILL_METRICS = {
@@ -198,12 +200,17 @@ def _arrangement(session: Session, template: str, found, expected: int, workers:
         with (
             session.scratch.database(template) as url,
             session.dagster_storage() as storage,
-            _deployment(session, url, storage, workers) as (extra, _),
+            _deployment(session, url, storage, workers) as (extra, started),
         ):
+            used = started.cpu_seconds() if started else None
             with _Database(url, len(found)) as database:
                 done = paths.run_job(session, url, storage, **extra)
             figures = publishers.steady_figures(done, found, expected)
             figures.update(database.figures(done))
+            if started and done.delivered:
+                figures["worker_cpu_ms_per_delivery"] = (
+                    (started.cpu_seconds() - used) * 1000 / done.delivered
+                )
             figures["envelope_excess_ms"] = _envelope_ms(done, found)
             if workers:
                 figures["smallest_worker_share"] = _worker_share(session, storage, done)

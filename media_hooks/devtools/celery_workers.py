@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 from dagster import DagsterEventType, DagsterInstance
 
 from media_hooks.orchestration.celery import app as celery_app
@@ -136,6 +137,23 @@ class LocalWorkers:
             _signal_group(worker, signal.SIGKILL)
             worker.process.wait()
         self.app.close()
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds (user and system) the live workers' processes have used so far, their
+        pool processes and reaped children included: a figure no other load on the machine
+        enters."""
+        total = 0.0
+        for worker in self.workers:
+            if not worker.alive():
+                continue
+            try:
+                root = psutil.Process(worker.process.pid)
+                for process in [root, *root.children(recursive=True)]:
+                    times = process.cpu_times()
+                    total += times.user + times.system + times.children_user + times.children_system
+            except psutil.NoSuchProcess:
+                continue
+        return total
 
     @staticmethod
     def tail(worker: Worker, lines: int = 15) -> str:

@@ -76,7 +76,8 @@ DATABASE_METRICS = {
     "limiter_writes_per_second_per_destination": "limiter row writes per second per publisher",
     "commits_per_delivery": "committed transactions on the project's database per delivery",
     "peak_connections": "the most connections to the project's database at once",
-    "bytes_per_delivery": "table and index bytes per delivery (delivery, outbox, attempt, identity)",
+    "bytes_per_delivery": "table and index bytes per delivery (delivery, outbox, attempt, "
+    "identity)",
 }
 IDENTITIES = "INSERT INTO delivery_identity (delivery_id) SELECT delivery_id FROM webhook_delivery"
 COUNTERS = """

@@ -2,10 +2,10 @@
 
 With ``DAGSTER_HOME`` set, the operator owns the instance and it is used as it is. Otherwise
 ``$MEDIA_HOOKS_HOME/dagster`` gets the repository's ``dagster.yaml`` (``dagster-celery.yaml``
-when ``MEDIA_HOOKS_CELERY_BROKER_URL`` is set: runs launched onto Celery workers), and its storage is
-``MEDIA_HOOKS_DAGSTER_STORAGE_URL`` or, by default, a database of its own on the deliveries'
-server (``dagster`` on the embedded one, ``<name>_dagster`` beside a configured one), so runs
-from ``media-hooks run`` and ``media-hooks dev`` share one history.
+when ``MEDIA_HOOKS_CELERY_BROKER_URL`` is set: runs launched onto Celery workers), and its
+storage is ``MEDIA_HOOKS_DAGSTER_STORAGE_URL`` or, by default, a database of its own on the
+deliveries' server (``dagster`` on the embedded one, ``<name>_dagster`` beside a configured
+one), so runs from ``media-hooks run`` and ``media-hooks dev`` share one history.
 """
 
 from __future__ import annotations

@@ -4,17 +4,12 @@ Each op is a few lines over the engine and reports what it did as output metadat
 page answers "what did this run claim, send, retry, give up on, and where are its rows".
 """
 
-import threading
 import time
 import zlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 
 from dagster import (
     Backoff,
-    DagsterEventType,
-    DagsterRunStatus,
     DynamicOut,
     DynamicOutput,
     Failure,
@@ -36,7 +31,6 @@ from media_hooks.engine.delivery import (
 from media_hooks.observe import figures
 from media_hooks.orchestration import recovery
 from media_hooks.orchestration.celery import executor as celery_steps
-from media_hooks.orchestration.celery.settings import current_task
 from media_hooks.orchestration.config import DeliverConfig
 from media_hooks.orchestration.metadata import (
     cohort_tags,
@@ -44,8 +38,9 @@ from media_hooks.orchestration.metadata import (
     outcome_tags,
     rows_of_run,
 )
+from media_hooks.orchestration.ops import remote_steps
 from media_hooks.orchestration.resources import DeliverySettingsResource, PostgresResource
-from media_hooks.outbox import claims, destinations
+from media_hooks.outbox import claims
 from media_hooks.outbox.cohort import Cohort
 from media_hooks.outbox.maintenance import requeue, sweeps
 from media_hooks.store import db
@@ -155,7 +150,7 @@ def prepare(
         due = claims.due_destinations(conn, cohort)
     # Unless the run or the deployment says, one shard per Celery worker process serving the
     # steps (the run's executor counted them), else one.
-    shards = (
+    shard_count = (
         config.shards
         or delivery_settings.configured_shards()
         or celery_steps.step_processes(context.run.tags)
@@ -165,7 +160,7 @@ def prepare(
         cohort=cohort,
         page_size=config.page_size or delivery_settings.default_page_size,
         max_rows=config.max_rows or delivery_settings.default_max_rows,
-        shards=shards,
+        shards=shard_count,
         due_destinations=len(due),
     )
     yield Output(
@@ -217,76 +212,13 @@ def shard_caps(max_rows: int | None, served: list[int]) -> list[int | None]:
     return caps
 
 
-def _started_before(context: OpExecutionContext) -> bool:
-    """Whether an earlier attempt of this step started in this run: a Dagster retry, or the
-    Celery task of a worker that died, delivered again to another worker."""
-    if context.retry_number > 0:
-        return True
-    starts = context.instance.get_records_for_run(
-        context.run_id, of_type=DagsterEventType.STEP_START
-    ).records
-    step_key = context.get_step_execution_context().step.key
-    return sum(1 for r in starts if r.event_log_entry.step_key == step_key) > 1
-
-
-def _release_earlier_attempt(context: OpExecutionContext, conn, shard: Shard) -> None:
-    """What an earlier attempt of this step left claimed becomes due again, for this attempt
-    to deliver: a worker that died mid-step hands nothing back itself."""
-    if not _started_before(context):
-        return
-    served = [
-        d["destination_id"]
-        for d in destinations.list_destinations(conn)
-        if shard.serves(d["destination_id"])
-    ]
-    released = sweeps.release_step(conn, context.run_id, served)
-    context.log.warning(
-        f"an earlier attempt of this step started in this run: {released} delivery(ies) it "
-        "left claimed are due again"
-    )
-
-
-# How often a step on a Celery worker looks whether its run is still wanted.
-RUN_WATCH_SECONDS = 2.0
-_STOPPING = (DagsterRunStatus.CANCELING, DagsterRunStatus.CANCELED, DagsterRunStatus.FAILURE)
-
-
-@contextmanager
-def _stopped_with_the_run(context: OpExecutionContext) -> Iterator[threading.Event]:
-    """An event set once the run is canceling, canceled or failed. A step in its run's own
-    process gets the run's interrupt; one on a Celery worker does not (dagster-celery only
-    revokes a task that has not started), so it watches the run, and then hands back what it
-    holds as an interrupted step does."""
-    stop = threading.Event()
-    if current_task() is None:
-        yield stop
-        return
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.wait(RUN_WATCH_SECONDS):
-            run = context.instance.get_run_by_id(context.run_id)
-            if run is None or run.status in _STOPPING:
-                context.log.warning(f"the run is {run.status.value if run else 'gone'}: stopping")
-                stop.set()
-                return
-
-    watcher = threading.Thread(target=watch, name="run-watch", daemon=True)
-    watcher.start()
-    try:
-        yield stop
-    finally:
-        done.set()
-        watcher.join()
-
-
 def _deliver_shard(context: OpExecutionContext, shard: Shard, postgres, settings) -> ShardResult:
     """The shard's due destinations, each in a thread of its own (the engine's
     deliver_destinations), on a pool with a connection for each. A canceled run's interrupt
     stops every destination, which hands back what it holds before the step ends."""
     prepared = shard.prepared
     with postgres.connection(db.Role.RECONCILER) as conn:
-        _release_earlier_attempt(context, conn, shard)
+        remote_steps.release_earlier_attempt(context, conn, shard.serves)
         due = [d for d in claims.due_destinations(conn, prepared.cohort) if shard.serves(d)]
     started = time.monotonic()
     result = ShardResult(mapping_key=shard.mapping_key)
@@ -294,7 +226,7 @@ def _deliver_shard(context: OpExecutionContext, shard: Shard, postgres, settings
         return result
     with (
         db.open_pool(postgres.url(), max_size=len(due) + 1, settings=settings) as pool,
-        _stopped_with_the_run(context) as stop,
+        remote_steps.stopped_with_the_run(context) as stop,
     ):
         for done in deliver_destinations(
             pool,

@@ -42,7 +42,13 @@ from bench.fast_receiver import answered
 from bench.processes import python_command
 from bench.scratch import Destination, add_destinations, add_due_deliveries
 from bench.session import Session, environment
-from media_hooks.devtools.celery_workers import LocalWorkers, attempted_by_worker, executions
+from media_hooks.devtools.celery_workers import (
+    LocalWorkers,
+    attempted_by_worker,
+    delete_queues,
+    executions,
+)
+from media_hooks.orchestration.celery.settings import CelerySettings
 from media_hooks.orchestration.instance import STORAGE_VARIABLE, as_url
 from media_hooks.orchestration.ops.delivery import Shard
 
@@ -119,9 +125,12 @@ def _deployment(session: Session, url: str, storage: str, workers: int) -> Itera
         "MEDIA_HOOKS_CELERY_QUEUE": _queue_prefix(),
     }
     folder = session.home / f"workers-{extra['MEDIA_HOOKS_CELERY_QUEUE']}"
-    with LocalWorkers(folder, session.env(url, storage, **extra)) as started:
-        started.start(workers)
-        yield extra, started
+    try:
+        with LocalWorkers(folder, session.env(url, storage, **extra)) as started:
+            started.start(workers)
+            yield extra, started
+    finally:
+        delete_queues(CelerySettings(BROKER_URL, extra["MEDIA_HOOKS_CELERY_QUEUE"]))
 
 
 def _instance(session: Session, storage: str) -> DagsterInstance:

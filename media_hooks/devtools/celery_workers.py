@@ -163,6 +163,18 @@ class LocalWorkers:
             return "(no log)"
 
 
+def delete_queues(settings: CelerySettings) -> None:
+    """Deletes the deployment's queues from the broker (a test's or a benchmark run's own)."""
+    app = celery_app.make(settings)
+    try:
+        with app.connection_for_write() as connection:
+            channel = connection.channel()
+            for queue in (settings.steps_queue, settings.runs_queue):
+                channel.queue_delete(queue)
+    finally:
+        app.close()
+
+
 def _signal_group(worker: Worker, sig: signal.Signals) -> None:
     try:
         os.killpg(worker.process.pid, sig)

@@ -23,7 +23,7 @@ pytest.importorskip("dagster_celery", reason="needs the celery extra: pip instal
 
 from kombu import Connection  # noqa: E402 - only with the extra
 
-from media_hooks.devtools.celery_workers import LocalWorkers  # noqa: E402
+from media_hooks.devtools.celery_workers import LocalWorkers, delete_queues  # noqa: E402
 from media_hooks.orchestration.celery.settings import CelerySettings, shown  # noqa: E402
 
 BROKER_URL = os.environ.get("MEDIA_HOOKS_TEST_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
@@ -77,11 +77,7 @@ def queue_prefix(broker_url: str) -> Iterator[str]:
     broker) sent is taken here. Deleted afterwards."""
     prefix = f"mh_test_{uuid.uuid4().hex[:10]}"
     yield prefix
-    settings = CelerySettings(broker_url, prefix)
-    with Connection(broker_url, connect_timeout=3) as connection:
-        channel = connection.channel()
-        for queue in (settings.steps_queue, settings.runs_queue):
-            channel.queue_delete(queue)
+    delete_queues(CelerySettings(broker_url, prefix))
 
 
 @pytest.fixture

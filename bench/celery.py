@@ -201,7 +201,7 @@ class _Database:
             ),
             "commits_per_delivery": commits / delivered if delivered else None,
             "peak_connections": self.peak,
-            "bytes_per_delivery": self._read(BYTES)[0] / delivered if delivered else None,
+            "bytes_per_delivery": int(self._read(BYTES)[0]) / delivered if delivered else None,
         }
 
 

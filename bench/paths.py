@@ -122,10 +122,12 @@ def run_job(
     storage: str,
     timeout: float | None = None,
     until: Callable[[], bool] | None = None,
+    **env: str,
 ) -> PathRun:
-    """``media-hooks run --until-idle --json``: the Dagster job, as the CLI runs it."""
+    """``media-hooks run --until-idle --json``: the Dagster job, as the CLI runs it (with any
+    configuration given as environment variables)."""
     command = python_command("media_hooks.cli", "run", "--until-idle", "--json")
-    env = session.env(url, storage)
+    env = session.env(url, storage, **env)
     return _run(session, "job", [command], env, timeout, until)
 
 

@@ -22,6 +22,7 @@ SECTIONS = {
     "memory": "6. Memory",
     "latency": "7. Latency",
     "sustained": "8. Sustained load",
+    "celery": "9. Celery workers",
 }
 MET = {True: "met", False: "**not met**", None: "not measured"}
 

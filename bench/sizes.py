@@ -68,6 +68,8 @@ class Size:
     # Measurements that run the job beside the engine (smoke runs it where it proves the
     # harness: once through `media-hooks run`, once through the sensor's launches).
     job_in: frozenset[str] = frozenset({"deliver", "publishers", "memory"})
+    # The publishers the Celery measurement delivers locally, by one worker and by two.
+    celery: Publishers = Publishers(32, (10, 10), (200, 200), per_destination=200)
 
 
 ISSUE_PUBLISHERS = {
@@ -89,6 +91,8 @@ FULL = Size(
         "fidelity": 70,
         "latency": 120,
         "memory": 200,
+        # On request only (`--only celery`): three arrangements a round, then a kill.
+        "celery": 600,
     },
     run_timeout=300,
     session_seconds=19 * 60,
@@ -126,6 +130,7 @@ QUICK = Size(
         "fidelity": 4,
         "latency": 19,
         "memory": 18,
+        "celery": 150,
     },
     run_timeout=30,
     session_seconds=104,
@@ -150,6 +155,7 @@ QUICK = Size(
     latency_seconds=1,
     latency_destinations=2,
     sensor_interval=0.5,
+    celery=Publishers(8, (10, 10), (200, 200), per_destination=40),
 )
 
 SMOKE = Size(
@@ -165,6 +171,7 @@ SMOKE = Size(
         "fidelity": 30,
         "latency": 90,
         "memory": 30,
+        "celery": 300,
     },
     run_timeout=60,
     session_seconds=400,
@@ -191,6 +198,8 @@ SMOKE = Size(
     sensor_interval=0.5,
     latency_drivers=("sensor",),
     job_in=frozenset({"deliver"}),
+    # Four: both shards of a two-worker run serve some (pub-4 hashes to the first).
+    celery=Publishers(4, (5, 5), (50, 50), per_destination=20),
 )
 
 SIZES = {size.name: size for size in (SMOKE, QUICK, FULL)}

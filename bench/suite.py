@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
+    celery,
     claim_rate,
     deliver_rate,
     emit_rate,
@@ -47,12 +48,15 @@ MEASUREMENTS: dict[str, Callable[[Session], dict[str, Any]]] = {
     "latency": latency.measure,
     "memory": memory.measure,
 }
-# Run only when named (``--only sustained``): a sustained run is long by nature, and is its own
-# command too (``python -m bench.sustained``). It gets what is left of the session's time.
-ON_REQUEST: dict[str, Callable[[Session], dict[str, Any]]] = {"sustained": sustained.measure}
+# Run only when named (``--only sustained,celery``): a sustained run is long by nature, and is
+# its own command too (``python -m bench.sustained``); Celery needs a broker and its extra.
+ON_REQUEST: dict[str, Callable[[Session], dict[str, Any]]] = {
+    "sustained": sustained.measure,
+    "celery": celery.measure,
+}
 ALL = {**MEASUREMENTS, **ON_REQUEST}
 # The measurements that run the job (and so need a Dagster storage).
-RUN_DAGSTER = {"deliver", "fixed_cost", "publishers", "latency", "memory"}
+RUN_DAGSTER = {"deliver", "fixed_cost", "publishers", "latency", "memory", "celery"}
 
 
 def _git() -> dict[str, Any]:

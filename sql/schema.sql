@@ -6,6 +6,16 @@
 
 -- Tables -----------------------------------------------------------------------------------------
 
+CREATE TABLE dagster_step_output (
+    run_id text NOT NULL,
+    step_key text NOT NULL,
+    output_name text NOT NULL,
+    mapping_key text DEFAULT ''::text NOT NULL,
+    value bytea NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT dagster_step_output_pkey PRIMARY KEY (run_id, step_key, output_name, mapping_key)
+);
+
 CREATE TABLE delivery_attempt (
     delivery_id text NOT NULL,
     attempt_no integer NOT NULL,
@@ -169,6 +179,7 @@ CREATE TABLE webhook_destination (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     ordering text DEFAULT 'none'::text NOT NULL,
     coalescing text DEFAULT 'none'::text NOT NULL,
+    allow_private_url boolean DEFAULT false NOT NULL,
     CONSTRAINT backoff_base_positive CHECK ((backoff_base_seconds > (0)::double precision)),
     CONSTRAINT backoff_cap_not_below_base CHECK ((backoff_cap_seconds >= backoff_base_seconds)),
     CONSTRAINT burst_at_least_one CHECK ((burst >= 1)),
@@ -206,6 +217,10 @@ CREATE VIEW delivery_tombstone AS
   WHERE final_state IS NOT NULL;
 
 -- Indexes ----------------------------------------------------------------------------------------
+
+CREATE INDEX dagster_step_output_created ON public.dagster_step_output USING btree (created_at);
+
+CREATE UNIQUE INDEX dagster_step_output_pkey ON public.dagster_step_output USING btree (run_id, step_key, output_name, mapping_key);
 
 CREATE INDEX delivery_attempt_destination ON public.delivery_attempt USING btree (destination_id, started_at);
 

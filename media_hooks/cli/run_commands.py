@@ -60,6 +60,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="rows claimed per transaction (at most 10000)",
     )
     run.add_argument(
+        "--shards",
+        type=numeric.argument(numeric.COUNT),
+        metavar="N",
+        help="delivery steps the destinations are split into (default: one per Celery worker "
+        "process with MEDIA_HOOKS_CELERY_BROKER_URL set, else one)",
+    )
+    run.add_argument(
         "--until-idle",
         action="store_true",
         help="repeat runs until nothing in the cohort is due (or --max-seconds passes)",
@@ -82,6 +89,7 @@ def _claim_config(args: argparse.Namespace) -> dict:
         "asset_ids": args.asset_id,
         "max_rows": args.max_rows,
         "page_size": args.page_size,
+        "shards": args.shards,
     }
     return {key: value for key, value in config.items() if value not in (None, [])}
 

@@ -68,12 +68,15 @@ class DeliverConfig(CohortConfig):
         description="Most rows this run claims in all; empty uses the deployment default (no "
         "cap: each destination claims until none of its deliveries is due).",
     )
-    shards: int = Field(
-        default=1,
-        description="Delivery steps the destinations are split into. Each step delivers its "
-        "destinations concurrently, in threads; with the in-process executor (the default) "
-        "steps run one after another, so more than one pays only with the multiprocess "
-        "executor (Launchpad: execution config) or to isolate destinations in separate steps.",
+    shards: int | None = Field(
+        default=None,
+        description="Delivery steps the destinations are split into; empty: MEDIA_HOOKS_SHARDS, "
+        "else one per Celery worker process serving the steps (the celery executor), else one. "
+        "Each step delivers "
+        "its destinations concurrently, in threads; with the in-process executor (the local "
+        "default) steps run one after another, so more than one pays only with the "
+        "multiprocess or celery executor (Launchpad: execution config) or to isolate "
+        "destinations in separate steps.",
     )
 
     def check(self) -> None:

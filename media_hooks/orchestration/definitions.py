@@ -14,6 +14,7 @@ from dagster import BetaWarning, Definitions, JobDefinition
 from media_hooks.orchestration.jobs import deliver_webhooks, discard_dead, requeue_cohort, retention
 from media_hooks.orchestration.outbox_asset import build_outbox_checks_sensor, outbox, outbox_checks
 from media_hooks.orchestration.resources import DeliverySettingsResource, PostgresResource
+from media_hooks.orchestration.resources.step_outputs import postgres_step_outputs
 from media_hooks.orchestration.schedules import build_daily_schedule
 from media_hooks.orchestration.sensors import build_delivery_lag_sensor, build_run_failure_release
 
@@ -50,6 +51,8 @@ defs = Definitions(
     resources={
         "postgres": PostgresResource(),
         "delivery_settings": DeliverySettingsResource(),
+        # Step outputs in PostgreSQL: a run's steps may execute on different hosts (Celery).
+        "io_manager": postgres_step_outputs,
     },
 )
 

@@ -1,10 +1,11 @@
 """The Dagster instance media_hooks runs on: PostgreSQL storage beside the deliveries.
 
 With ``DAGSTER_HOME`` set, the operator owns the instance and it is used as it is. Otherwise
-``$MEDIA_HOOKS_HOME/dagster`` gets the repository's ``dagster.yaml``, and its storage is
-``MEDIA_HOOKS_DAGSTER_STORAGE_URL`` or, by default, a database of its own on the deliveries'
-server (``dagster`` on the embedded one, ``<name>_dagster`` beside a configured one), so runs
-from ``media-hooks run`` and ``media-hooks dev`` share one history.
+``$MEDIA_HOOKS_HOME/dagster`` gets the repository's ``dagster.yaml`` (``dagster-celery.yaml``
+when ``MEDIA_HOOKS_CELERY_BROKER_URL`` is set: runs launched onto Celery workers), and its
+storage is ``MEDIA_HOOKS_DAGSTER_STORAGE_URL`` or, by default, a database of its own on the
+deliveries' server (``dagster`` on the embedded one, ``<name>_dagster`` beside a configured
+one), so runs from ``media-hooks run`` and ``media-hooks dev`` share one history.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from psycopg import conninfo
 
 from media_hooks.core.config import Settings
 from media_hooks.core.errors import RuntimeFailure
+from media_hooks.orchestration.celery.settings import CelerySettings
 from media_hooks.store import db, embedded
 from media_hooks.store.db import redact
 
@@ -26,6 +28,7 @@ from media_hooks.store.db import redact
 # wheel finds them too.
 HERE = Path(__file__).resolve().parent
 INSTANCE_TEMPLATE = HERE / "dagster.yaml"
+CELERY_INSTANCE_TEMPLATE = HERE / "dagster-celery.yaml"
 WORKSPACE = HERE / "workspace.yaml"
 STORAGE_VARIABLE = "MEDIA_HOOKS_DAGSTER_STORAGE_URL"
 # Dagster's storage connections a run's process keeps: one, and a few more while threads need
@@ -77,11 +80,12 @@ def prepare_home(settings: Settings) -> dict[str, str]:
     """The environment a Dagster process needs: DAGSTER_HOME and the storage URL."""
     home = os.environ.get("DAGSTER_HOME")
     if not home:
-        if not INSTANCE_TEMPLATE.exists():
-            raise RuntimeFailure(f"the instance template {INSTANCE_TEMPLATE} is missing")
+        template = CELERY_INSTANCE_TEMPLATE if CelerySettings.from_env() else INSTANCE_TEMPLATE
+        if not template.exists():
+            raise RuntimeFailure(f"the instance template {template} is missing")
         folder = settings.home / "dagster"
         folder.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(INSTANCE_TEMPLATE, folder / "dagster.yaml")
+        shutil.copyfile(template, folder / "dagster.yaml")
         home = str(folder)
     return {"DAGSTER_HOME": home, STORAGE_VARIABLE: storage_url(settings)}
 

@@ -6,10 +6,9 @@ claims its deliveries a page at a time: the way ``delivery_run.deliver_due`` doe
 A slow or rate-limited destination never holds up another (each has its thread), and a run
 costs one process, not one per step (a step process cost 1-3 s to start, and the executor ran at
 most ``2 x cores`` of them, so slow destinations queued behind each other). The executor is
-Dagster's ``multi_or_in_process_executor``: set ``execution: config: multiprocess:`` in the
-Launchpad, with ``shards`` above 1, to spread the shards over processes (or run the job under
-the Celery or Kubernetes executors against the same PostgreSQL: the row protocol, not the
-executor, keeps deliveries single).
+a choice of Dagster's (``executors.py``): in-process, multiprocess, or on other hosts Celery
+workers or Kubernetes Jobs, each shard a step, against the same PostgreSQL: the row protocol,
+not the executor, keeps deliveries single.
 
 ``delivery_executor`` first records on the run the process that orchestrates its steps
 (``run_workers``): what tells a run whose process was killed from a run that is merely slow,
@@ -34,7 +33,6 @@ from dagster import (
     ExecutorDefinition,
     InitExecutorContext,
     job,
-    multi_or_in_process_executor,
 )
 
 # Private paths: the Dagster family is pinned exactly (pyproject.toml), so they are stable here.
@@ -42,7 +40,8 @@ from dagster._core.errors import raise_execution_interrupts
 from dagster._core.events import EngineEventData
 from dagster._core.execution.plan.objects import ErrorSource
 
-from media_hooks.orchestration import run_workers
+from media_hooks.orchestration import executors, run_workers
+from media_hooks.orchestration.celery.settings import node_tag
 from media_hooks.orchestration.config import DeliverConfig
 from media_hooks.orchestration.ops.delivery import deliver_shard, prepare, summarize_run
 from media_hooks.orchestration.ops.operator import (
@@ -52,7 +51,7 @@ from media_hooks.orchestration.ops.operator import (
 )
 
 DELIVERY_RUN_TAG = {"media_hooks/kind": "delivery"}
-DELIVERY_EXECUTION = {"config": {"in_process": {}}}
+DELIVERY_EXECUTION = {"config": {executors.default_choice(): {}}}
 
 
 # The Launchpad opens on this: every field of the run's config with its default, ready to edit.
@@ -105,6 +104,10 @@ class _RecordsItsWorker(Executor):
     def __init__(self, inner: Executor) -> None:
         self._inner = inner
 
+    def __getattr__(self, name: str):
+        # What an executor's own loop asks of the run's executor (dagster-celery: app_args).
+        return getattr(self._inner, name)
+
     @property
     def retries(self):
         return self._inner.retries
@@ -115,7 +118,8 @@ class _RecordsItsWorker(Executor):
 
     def execute(self, plan_context, execution_plan) -> Iterator:
         worker = run_workers.this_process(plan_context.run_id)
-        plan_context.instance.add_run_tags(plan_context.run_id, worker.tag())
+        # In a run launched as a Celery task, its worker's name too: the launcher asks it.
+        plan_context.instance.add_run_tags(plan_context.run_id, {**worker.tag(), **node_tag()})
         events = self._inner.execute(plan_context, execution_plan)
         # Dagster's in-process executor does not look for interrupts while a step waits for a
         # pool slot: a run stopped then (canceled, --max-seconds) would wait for the slot first.
@@ -150,16 +154,17 @@ def _waits_for_a_pool_slot(event: DagsterEvent) -> bool:
 
 
 def _create_delivery_executor(init_context: InitExecutorContext) -> Executor:
-    return _RecordsItsWorker(multi_or_in_process_executor.executor_creation_fn(init_context))
+    return _RecordsItsWorker(executors.create(init_context))
 
 
 delivery_executor = ExecutorDefinition(
-    name="multi_or_in_process",
-    config_schema=multi_or_in_process_executor.config_schema,
-    requirements=multi_or_in_process_executor.get_requirements,
+    name="delivery",
+    config_schema=executors.config_field(),
+    requirements=executors.requirements,
     executor_creation_fn=_create_delivery_executor,
-    description="Dagster's in-process (default) or multiprocess executor; records the run's "
-    "worker process first.",
+    description="Dagster's in-process (the local default), multiprocess, Celery or Kubernetes "
+    "executor, chosen by run config or MEDIA_HOOKS_EXECUTOR (orchestration/executors.py); "
+    "records the run's worker process first.",
 )
 
 

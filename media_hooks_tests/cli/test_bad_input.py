@@ -239,6 +239,12 @@ CASES = {
     ),
     "secrets: rekey without key": Case(["secrets", "rekey"], "MEDIA_HOOKS_SECRET_KEY is not set"),
     "secrets: status bad key": Case(["secrets", "status"], "not a Fernet key", {"MEDIA_HOOKS_SECRET_KEY": "x" * 44}),
+    # worker (its broker's exit statuses: media_hooks_tests/orchestration/celery)
+    "worker: concurrency zero": Case(["worker", "--concurrency", "0"], "--concurrency: must be a whole number at least 1"),
+    "worker: no broker": Case(["worker"], "MEDIA_HOOKS_CELERY_BROKER_URL is not set"),
+    "worker: broker not a URL": Case(
+        ["worker"], "MEDIA_HOOKS_CELERY_BROKER_URL must be a broker URL", {"MEDIA_HOOKS_CELERY_BROKER_URL": f"guest:{PASSWORD}@mq:5672"}
+    ),
 }  # fmt: skip
 
 

@@ -232,7 +232,7 @@ def test_dagster_ui_loads_everything_and_launches_a_delivery_run(env, conn, rece
             "requeue_reason": "",
             "page_size": None,
             "max_rows": None,
-            "shards": 1,
+            "shards": None,
         }
         cohort.update(destination_ids=["alpha"], page_size=2)
         run_id = _launch(url, config)

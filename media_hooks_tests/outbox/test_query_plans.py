@@ -110,7 +110,12 @@ STATEMENTS = {
     },
     "sweep_expired_leases": lambda: {"limit_rows": 1000},
     "sweep_stale_enqueues": lambda: {"timeout_seconds": 3600, "limit_rows": 1000},
-    "release_run": lambda: {"run_id": "run-1"},
+    "release_run": lambda: {
+        "run_id": "run-1",
+        "destination_ids": None,
+        "cause": "released: run run-1 failed",
+        "error": "run failed before an outcome was recorded",
+    },
     # Read by every delivery run's summary and the outbox checks (media_hooks.observe.figures).
     "figures_oldest_due_by_destination": lambda: {"now": None},
 }

@@ -572,7 +572,15 @@ def test_a_message_made_stale_while_its_lease_waits_gives_its_token_back(conn, d
         open_session(database_url) as dispatcher,
         open_session(database_url, autocommit=True) as worker,
     ):
-        dispatcher.execute(query("release_run"), {"run_id": "run-1"})
+        dispatcher.execute(
+            query("release_run"),
+            {
+                "run_id": "run-1",
+                "destination_ids": None,
+                "cause": "released: run run-1 failed",
+                "error": "run failed before an outcome was recorded",
+            },
+        )
         claim_all(dispatcher, "run-2", Cohort())
         with in_background(
             lambda: leases.lease_with_permits(

@@ -154,9 +154,11 @@ SELECT count(*)::integer AS moved FROM moved;
 --   is known to have failed goes back to pending, due now: enqueued ones directly, leased ones
 --   through the one rule for a lease that ends without an outcome (media_hooks_end_leases_v1:
 --   the open attempt closed as ambiguous, the budget and age rules applied, so a payload that
---   kills every run that sends it cannot loop for ever).
+--   kills every run that sends it cannot loop for ever). With destination_ids, only those
+--   destinations' deliveries: what an earlier attempt of one of the run's steps left claimed
+--   (its worker died, its Celery task was delivered again to another worker).
 -- keeps: invariant 3 (a dead run strands nothing), invariant 4 (its leases are revoked),
---   invariant 9.
+--   invariant 9 (a send after this has an ambiguous attempt before it).
 WITH mine AS (
     SELECT d.delivery_id, d.state
     FROM webhook_delivery AS d
@@ -164,6 +166,8 @@ WITH mine AS (
     WHERE d.delivery_id = ANY (ARRAY(SELECT o.delivery_id FROM dispatch_outbox AS o
                                      WHERE o.run_id = %(run_id)s))
       AND d.state IN ('enqueued', 'leased')
+      AND (%(destination_ids)s::text[] IS NULL
+           OR d.destination_id = ANY (%(destination_ids)s::text[]))
       AND EXISTS (SELECT 1 FROM dispatch_outbox AS o
                   WHERE o.message_id = d.current_message_id AND o.run_id = %(run_id)s)
 ),
@@ -171,7 +175,7 @@ enqueued AS (
     UPDATE webhook_delivery AS d
     SET state = 'pending',
         next_attempt_at = now(),
-        wait_reason = 'released: run ' || %(run_id)s || ' failed',
+        wait_reason = %(cause)s,
         updated_at = now()
     FROM mine
     WHERE d.delivery_id = mine.delivery_id
@@ -185,8 +189,8 @@ leases AS (
     FROM media_hooks_end_leases_v1(
         ARRAY(SELECT delivery_id FROM mine WHERE state = 'leased'),
         false,
-        'released: run ' || %(run_id)s || ' failed',
-        'run failed before an outcome was recorded')
+        %(cause)s,
+        %(error)s)
 )
 SELECT ((SELECT count(*) FROM enqueued) + (SELECT count(*) FROM leases))::integer AS moved;
 

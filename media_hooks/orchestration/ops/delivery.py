@@ -27,6 +27,7 @@ from media_hooks.engine.delivery import deliver_destinations
 from media_hooks.engine.recording import OutcomesNotRecorded
 from media_hooks.observe import figures
 from media_hooks.orchestration import outbox_asset, recovery
+from media_hooks.orchestration.celery import executor as celery_steps
 from media_hooks.orchestration.config import DeliverConfig
 from media_hooks.orchestration.metadata import (
     ALERT_TAG,
@@ -35,6 +36,7 @@ from media_hooks.orchestration.metadata import (
     outcome_tags,
     rows_of_run,
 )
+from media_hooks.orchestration.ops import remote_steps
 from media_hooks.orchestration.resources import DeliverySettingsResource, PostgresResource
 from media_hooks.outbox import claims
 from media_hooks.outbox.cohort import Cohort
@@ -144,11 +146,19 @@ def prepare(
         swept = sweeps.run_sweeps(conn, settings)
         requeued = _requeue_dead(context, conn, config) if config.include_dead else 0
         due = claims.due_destinations(conn, cohort)
+    # Unless the run or the deployment says, one shard per Celery worker process serving the
+    # steps (the run's executor counted them), else one.
+    shard_count = (
+        config.shards
+        or delivery_settings.configured_shards()
+        or celery_steps.step_processes(context.run.tags)
+        or 1
+    )
     prepared = Prepared(
         cohort=cohort,
         page_size=config.page_size or delivery_settings.default_page_size,
         max_rows=config.max_rows or delivery_settings.default_max_rows,
-        shards=config.shards,
+        shards=shard_count,
         due_destinations=len(due),
     )
     yield Output(
@@ -172,7 +182,7 @@ def prepare(
             "seconds": MetadataValue.float(time.monotonic() - started),
         },
     )
-    shards = [Shard(index, config.shards, prepared) for index in range(config.shards)]
+    shards = [Shard(index, prepared.shards, prepared) for index in range(prepared.shards)]
     served = [sum(1 for d in due if shard.serves(d)) for shard in shards]
     for shard, count, rows in zip(
         shards, served, shard_caps(prepared.max_rows, served), strict=True
@@ -206,12 +216,16 @@ def _deliver_shard(context: OpExecutionContext, shard: Shard, postgres, settings
     stops every destination, which hands back what it holds before the step ends."""
     prepared = shard.prepared
     with postgres.connection(db.Role.RECONCILER) as conn:
+        remote_steps.release_earlier_attempt(context, conn, shard.serves)
         due = [d for d in claims.due_destinations(conn, prepared.cohort) if shard.serves(d)]
     started = time.monotonic()
     result = ShardResult(mapping_key=shard.mapping_key)
     if not due:
         return result
-    with db.open_pool(postgres.url(), max_size=len(due) + 1, settings=settings) as pool:
+    with (
+        db.open_pool(postgres.url(), max_size=len(due) + 1, settings=settings) as pool,
+        remote_steps.stopped_with_the_run(context) as stop,
+    ):
         for done in deliver_destinations(
             pool,
             context.run_id,
@@ -220,6 +234,7 @@ def _deliver_shard(context: OpExecutionContext, shard: Shard, postgres, settings
             cohort=prepared.cohort,
             claim_page_size=prepared.page_size,
             max_rows=shard.max_rows,
+            stop=stop,
         ):
             result.claimed[done.destination_id] = done.claimed
             result.counts[done.destination_id] = done.counts.as_dict()

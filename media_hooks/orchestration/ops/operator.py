@@ -4,7 +4,7 @@ from dagster import MetadataValue, OpExecutionContext, Output, op
 
 from media_hooks.orchestration.config import DiscardConfig, RequeueConfig, RetentionConfig
 from media_hooks.orchestration.metadata import cohort_tags, markdown_table
-from media_hooks.orchestration.resources import PostgresResource
+from media_hooks.orchestration.resources import PostgresResource, step_outputs
 from media_hooks.outbox.maintenance import discard, requeue, retention
 
 DAY = 86400.0
@@ -77,6 +77,9 @@ def purge_terminal_deliveries(
     )
     with postgres.connection() as conn:
         figures = retention.run_retention(conn, policy)
+        # Runs' step outputs go with the deliveries' window: older runs are not re-executed.
+        outputs = step_outputs.purge(conn, policy.retain_seconds, max_batches=config.max_batches)
     if figures.truncated:
         context.log.warning("max_batches reached: the next retention run carries on")
-    return Output(figures.as_dict(), metadata=dict(figures.as_dict()))
+    done = {**figures.as_dict(), "step_outputs_deleted": outputs}
+    return Output(done, metadata=done)

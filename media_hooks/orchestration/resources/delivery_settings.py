@@ -7,7 +7,10 @@ import dataclasses
 from dagster import ConfigurableResource
 from pydantic import Field
 
+from media_hooks.core import numeric
 from media_hooks.core.config import Settings
+
+SHARDS_VARIABLE = "MEDIA_HOOKS_SHARDS"
 
 
 class DeliverySettingsResource(ConfigurableResource):
@@ -27,6 +30,18 @@ class DeliverySettingsResource(ConfigurableResource):
     default_max_rows: int | None = Field(
         default=None, description="Most rows one run claims; empty means no cap."
     )
+    default_shards: int | None = Field(
+        default=None,
+        description="Delivery steps of a run whose config names none; empty: "
+        "MEDIA_HOOKS_SHARDS, else one per Celery worker process, else one.",
+    )
+
+    def configured_shards(self) -> int | None:
+        """The deployment's number of shards, when it sets one (a Kubernetes deployment, where
+        no worker count is known, sets MEDIA_HOOKS_SHARDS)."""
+        if self.default_shards is not None:
+            return numeric.check(self.default_shards, "default_shards", numeric.COUNT)
+        return numeric.from_env(SHARDS_VARIABLE, None, numeric.COUNT)
 
     def settings(self) -> Settings:
         settings = Settings.from_env()

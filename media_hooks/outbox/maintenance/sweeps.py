@@ -77,9 +77,36 @@ def sweep_superseded(conn: psycopg.Connection) -> int:
 def release_run(conn: psycopg.Connection, run_id: str) -> int:
     """A run known to have failed: its enqueued and leased rows become due again now, and
     the send permits its workers held are freed for the next run."""
-    moved = _moved(conn, "release_run", {"run_id": run_id})
+    moved = _moved(
+        conn,
+        "release_run",
+        {
+            "run_id": run_id,
+            "destination_ids": None,
+            "cause": f"released: run {run_id} failed",
+            "error": "run failed before an outcome was recorded",
+        },
+    )
     db.retrying("release the run's permits", lambda: rate_limits.release_holder(conn, run_id))
     return moved
+
+
+def release_step(conn: psycopg.Connection, run_id: str, destination_ids: list[str]) -> int:
+    """What an earlier attempt of a step of ``run_id`` left claimed on ``destination_ids``
+    (its worker died mid-step, and the step is executing again): those rows become due again
+    now. Its permits are left to run out (``lease_seconds``): they are held under the run's
+    id, like those of the run's other steps, which are still sending."""
+    return _moved(
+        conn,
+        "release_run",
+        {
+            "run_id": run_id,
+            "destination_ids": destination_ids,
+            "cause": f"released: an earlier attempt of its step in run {run_id} ended "
+            "without handing it back",
+            "error": "the step's earlier attempt ended before an outcome was recorded",
+        },
+    )
 
 
 def trip_circuit_breakers(conn: psycopg.Connection, settings: Settings) -> list[dict[str, str]]:

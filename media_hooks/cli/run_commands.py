@@ -8,7 +8,7 @@ import time
 
 from media_hooks.cli.output import print_json, table
 from media_hooks.core import numeric
-from media_hooks.core.config import Settings
+from media_hooks.core.config import Settings, shards_from_env
 from media_hooks.core.errors import RuntimeFailure, first_line
 from media_hooks.observe import figures, health
 from media_hooks.store import db
@@ -63,8 +63,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--shards",
         type=numeric.argument(numeric.COUNT),
         metavar="N",
-        help="delivery steps the destinations are split into (default: one per Celery worker "
-        "process with MEDIA_HOOKS_CELERY_BROKER_URL set, else one)",
+        help="delivery steps the destinations are split into (default: MEDIA_HOOKS_SHARDS, else "
+        "one per Celery worker process when the run uses the celery executor, else one)",
     )
     run.add_argument(
         "--until-idle",
@@ -190,6 +190,8 @@ def run_deliveries(args: argparse.Namespace) -> int:
     started = time.monotonic()  # --max-seconds counts from here
     settings = Settings.from_env()
     SecretBox.from_env()  # a malformed key is refused here, not by every delivery step
+    # So is a malformed shard count, before a run starts.
+    shards_from_env()
     url = db.ready_url(settings)
     # Dagster loads only when there is work to run: usage errors stay fast.
     from media_hooks.cli.supervision import DagsterConsole, RunInterrupted, RunSupervisor
@@ -245,6 +247,6 @@ def run_deliveries(args: argparse.Namespace) -> int:
             if not args.until_idle or _idle(url, config) or watchdog.expired:
                 break
     with db.connect(url, autocommit=True) as conn:
-        report.attention(health.attention(figures.measure(conn)))
+        report.attention(health.attention(figures.measure(conn), args.destination))
     report.finish()
     return 0

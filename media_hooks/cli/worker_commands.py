@@ -47,7 +47,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     worker.add_argument(
         "--name",
         metavar="NAME",
-        help="the worker's node name (default media_hooks_steps_<pid>@<host>; %%h is the host)",
+        help="the worker's node name (default media_hooks_steps_<pid>@<host>; Celery expands %%h to the host)",
     )
     worker.add_argument(
         "--loglevel", choices=LOG_LEVELS, default="info", help="the worker's log level"

@@ -41,8 +41,16 @@ LOCK_TIMEOUT = Range(0.01, 600, low_inclusive=True, unit="seconds")
 STATEMENT_TIMEOUT = Range(1, DAY_SECONDS, low_inclusive=True, unit="seconds")
 
 
+SHARDS = "MEDIA_HOOKS_SHARDS"
+
+
+def shards_from_env() -> int | None:
+    """The deployment's number of delivery steps per run, when it sets one (None: not set)."""
+    return from_env(SHARDS, None, COUNT)
+
+
 def home_from_env() -> Path:
-    """MEDIA_HOOKS_HOME: the project's files (embedded server, logs, run server), absolute."""
+    """MEDIA_HOOKS_HOME: the project's files (embedded server, logs, Dagster home), absolute."""
     return Path(os.environ.get("MEDIA_HOOKS_HOME") or ".media_hooks").absolute()
 
 

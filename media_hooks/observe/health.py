@@ -10,6 +10,7 @@ disabled it. Read-only; no Dagster.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -76,6 +77,11 @@ def disabled_destinations(f: Figures) -> list[Disabled]:
     return [_disabled(flag, f.counts.get(flag.destination_id, {})) for flag in f.disabled]
 
 
-def attention(f: Figures) -> list[str]:
-    """What an operator must look at although no run can fix it: empty when none."""
-    return [d.describe() for d in disabled_destinations(f)]
+def attention(f: Figures, destination_ids: Sequence[str] = ()) -> list[str]:
+    """What an operator must look at although no run can fix it (of ``destination_ids`` when
+    given, else of every destination): empty when none."""
+    return [
+        d.describe()
+        for d in disabled_destinations(f)
+        if not destination_ids or d.destination_id in destination_ids
+    ]

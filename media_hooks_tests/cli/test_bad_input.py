@@ -184,6 +184,7 @@ CASES = {
     "run: page size zero": Case(["run", "--page-size", "0"], "--page-size"),
     "run: page size absurd": Case(["run", "--page-size", "100000000"], "at most 10000"),
     "run: max rows text": Case(["run", "--max-rows", "many"], "--max-rows"),
+    "run: shards setting zero": Case(["run"], "MEDIA_HOOKS_SHARDS", {"MEDIA_HOOKS_SHARDS": "0"}),
     "run: lease nan": Case(["run"], "MEDIA_HOOKS_LEASE_SECONDS must be", {"MEDIA_HOOKS_LEASE_SECONDS": "nan"}),
     "run: lease absurd": Case(["run"], "at most 86400", {"MEDIA_HOOKS_LEASE_SECONDS": "1e300"}),
     "run: enqueue timeout inf": Case(

@@ -280,6 +280,23 @@ def test_an_address_refused_at_connect_time_disables_the_destination_not_the_del
     assert rate_limits.in_flight(conn, "cdn") == []
 
 
+def test_a_destination_allowed_private_addresses_on_its_own_is_sent_to(node, node_env, conn):
+    """`destination add --allow-private-url` opens that destination alone, in the Node worker
+    as in the Python one: no deployment setting needed, and the others stay guarded."""
+    guarded = {k: v for k, v in node_env.items() if k != "MEDIA_HOOKS_ALLOW_PRIVATE_URLS"}
+    with Receiver() as receiver:
+        add_destination(conn, "mine", url=receiver.url, allow_private_url=True)
+        add_destination(conn, "other", url=receiver.url + "other")
+        add_deliveries(conn, "mine", 2)
+        add_deliveries(conn, "other", 1)
+        report = worker_report(run_worker(node, "mine", "other", "--json", env=guarded))
+        assert {r.webhook_id for r in receiver.requests} == {"d-mine-1", "d-mine-2"}
+    assert report["destinations"]["mine"]["succeeded"] == 2
+    assert report["destinations"]["other"]["guard_refused"] == 1
+    rows = conn.execute("SELECT destination_id, enabled FROM webhook_destination").fetchall()
+    assert {r["destination_id"]: r["enabled"] for r in rows} == {"mine": True, "other": False}
+
+
 def test_sigterm_hands_back_what_it_holds_and_exits_143(node, node_env, conn):
     with Receiver() as receiver:
         add_destination(conn, "cdn", url=receiver.url, rate_per_second=2, burst=1)

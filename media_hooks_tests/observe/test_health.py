@@ -69,6 +69,9 @@ def test_the_circuit_breaker_and_an_operator_are_named(conn):
         "destination paused-by-hand disabled by an operator, 0 delivery(ies) waiting"
     )
     assert health.attention(figures.measure(conn)) == [d.describe() for d in found]
+    # A run for named destinations hears only of those.
+    assert health.attention(figures.measure(conn), ["flaky"]) == [found[0].describe()]
+    assert health.attention(figures.measure(conn), ["another"]) == []
 
 
 @pytest.mark.parametrize(

@@ -194,10 +194,13 @@ def test_a_disabled_destination_tags_the_runs_that_answer_for_it(
     every = deliver(own_instance, database_url)
     add_deliveries(conn, "cdn", 1, prefix="second")
     named = deliver(own_instance, database_url, {"destination_ids": ["cdn"]})
-    tags = [own_instance.get_run_by_id(r.run_id).tags for r in (every, named)]
+    # Nothing due for cdn: its run found nothing to do, whatever waits for "mine".
+    idle = deliver(own_instance, database_url, {"destination_ids": ["cdn"]})
+    tags = [own_instance.get_run_by_id(r.run_id).tags for r in (every, named, idle)]
     assert [(t["media_hooks/outcome"], t.get(ALERT_TAG)) for t in tags] == [
         ("all-delivered", "destination disabled"),
         ("all-delivered", None),
+        ("nothing-due", None),
     ]
     # The outbox's check names it whatever the run's cohort: it is the outbox's state.
     assert not _evaluations_of(own_instance, named.run_id)["destinations_sending"].passed

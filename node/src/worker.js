@@ -395,6 +395,7 @@ function sameSending(before, after) {
     before.url === after.url &&
     before.timeout_seconds === after.timeout_seconds &&
     before.max_in_flight === after.max_in_flight &&
+    before.allow_private_url === after.allow_private_url &&
     JSON.stringify(before.secrets) === JSON.stringify(after.secrets)
   );
 }
@@ -477,7 +478,9 @@ export class DestinationWorker {
         url: current.url,
         secrets: current.secrets,
         timeoutSeconds: current.timeout_seconds,
-        allowPrivate: this.settings.allowPrivateUrls,
+        // The deployment's setting opens every destination; the destination's own flag
+        // (destination add --allow-private-url, migration 0018) opens it alone.
+        allowPrivate: this.settings.allowPrivateUrls || current.allow_private_url === true,
         maxInFlight: current.max_in_flight,
       });
     } catch (error) {

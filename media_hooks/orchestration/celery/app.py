@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import warnings
 from typing import Any
 
@@ -148,4 +149,4 @@ def run_worker(
 
 def default_name(runs: bool) -> str:
     """A node name unique on this host (Celery's own default is the same for every worker)."""
-    return f"media_hooks_{'runs' if runs else 'steps'}_{os.getpid()}@%h"
+    return f"media_hooks_{'runs' if runs else 'steps'}_{os.getpid()}@{socket.gethostname()}"

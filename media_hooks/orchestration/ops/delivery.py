@@ -360,13 +360,17 @@ def summarize_run(
         reading = outbox_asset.measure(conn, delivery_settings.settings())
     f = reading.figures
     named = prepared.cohort.destination_ids
+    # A run for named destinations answers for those only.
+    disabled = [d for d in reading.disabled if not named or d.destination_id in named]
     tags = outcome_tags(
         summary.claimed,
         summary.totals,
-        # Due deliveries, and none a run may send: all wait for paused or disabled destinations.
-        due_unsendable=f.oldest_due_any_age_seconds is not None and not f.due_work,
-        # A run for named destinations answers for those only.
-        disabled=[d for d in reading.disabled if not named or d.destination_id in named],
+        # Due deliveries, and none a run may send: all wait for paused or disabled destinations
+        # (of its own destinations, when it names them).
+        due_unsendable=any(d.waiting for d in disabled)
+        if named
+        else f.oldest_due_any_age_seconds is not None and not f.due_work,
+        disabled=disabled,
     )
     context.instance.add_run_tags(context.run_id, tags)
     found = outbox_asset.record_after_run(context, reading, tags)

@@ -8,9 +8,7 @@ from dagster import ConfigurableResource
 from pydantic import Field
 
 from media_hooks.core import numeric
-from media_hooks.core.config import Settings
-
-SHARDS_VARIABLE = "MEDIA_HOOKS_SHARDS"
+from media_hooks.core.config import Settings, shards_from_env
 
 
 class DeliverySettingsResource(ConfigurableResource):
@@ -41,7 +39,7 @@ class DeliverySettingsResource(ConfigurableResource):
         no worker count is known, sets MEDIA_HOOKS_SHARDS)."""
         if self.default_shards is not None:
             return numeric.check(self.default_shards, "default_shards", numeric.COUNT)
-        return numeric.from_env(SHARDS_VARIABLE, None, numeric.COUNT)
+        return shards_from_env()
 
     def settings(self) -> Settings:
         settings = Settings.from_env()

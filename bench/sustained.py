@@ -234,6 +234,7 @@ class Windows:
         self.terminal = 0
         self.succeeded = 0
         self.dead = 0
+        self.recorded = 0
         self.last: dict[str, Any] = {}
         self.first: dict[str, Any] = {}
         self.begun = threading.Event()
@@ -255,6 +256,7 @@ class Windows:
             for kind in KINDS:
                 self.samples[kind] += [seconds for _, seconds in line.get(kind, ())]
             self.succeeded, self.dead = line["succeeded"], line["dead"]
+            self.recorded = line.get("recorded", self.recorded)
             self.terminal = self.succeeded + self.dead
             if not self.done.is_set() and self.terminal >= self.boundaries[len(self.closed)]:
                 self._close(line["at"])
@@ -460,6 +462,9 @@ def drive(url: str, size: Size, receiver: str, home: Path, deadline: float) -> d
         "deliveries_done": windows.last.get("terminal", 0),
         "succeeded_by_the_end": windows.succeeded,
         "dead_by_the_end": windows.dead,
+        # Attempts the engine recorded, counted as it recorded them (pg_stat_user_tables'
+        # insert counters lag a busy backend by up to seconds, so they can undercount).
+        "attempts_recorded_by_the_end": windows.recorded,
         "emitted": windows.emitted,
         "role_exits": exits,
         "role_errors": errors,

@@ -137,6 +137,7 @@ class Timings:
         }
         self.succeeded = 0
         self.dead = 0
+        self.recorded = 0
 
     def add(self, kind: str, at: float, seconds: float) -> None:
         with self._lock:
@@ -146,6 +147,7 @@ class Timings:
         """Counts what ``leases.record_classified`` recorded (its ``states``)."""
         finished = list(recorded.states.values())
         with self._lock:
+            self.recorded += len(finished)
             self.succeeded += finished.count("succeeded")
             self.dead += finished.count("dead")
 
@@ -153,7 +155,12 @@ class Timings:
         with self._lock:
             taken = self.samples
             self.samples = {kind: [] for kind in taken}
-            return {"succeeded": self.succeeded, "dead": self.dead, **taken}
+            return {
+                "succeeded": self.succeeded,
+                "dead": self.dead,
+                "recorded": self.recorded,
+                **taken,
+            }
 
 
 # The statements the benchmark times, as the engine reaches them (module, attribute). A

@@ -58,16 +58,19 @@ def test_ci_size_runs_every_window_under_load_and_writes_its_report(
         assert any(w[f"{kind}_p99_ms"] for w in windows), kind
     # The failing publisher made retries (more attempts than deliveries) and dead letters.
     assert document["dead_by_the_end"] > 0
-    attempts = sum(w["tables"]["delivery_attempt"]["inserts"] for w in windows)
-    assert attempts > document["deliveries_done"]
+    recorded = document["attempts_recorded_by_the_end"]
+    assert recorded > document["succeeded_by_the_end"] + document["dead_by_the_end"]
+    assert sum(w["tables"]["delivery_attempt"]["inserts"] for w in windows) > 0
     # Retention ran behind the load: terminal deliveries, their attempts and outbox rows purged.
     purged = {k: sum(w["purged"][k] for w in windows) for k in windows[0]["purged"]}
     assert purged["deliveries"] > 0 and purged["attempts"] > 0 and purged["outbox_rows"] > 0
     assert sum(w["tables"]["webhook_delivery"]["deletes"] for w in windows) > 0
     totals = document["totals"]
     assert totals["wal_bytes_per_delivery"] > 0
-    # Each delivery moves its row at least three times (claim, lease, record).
-    assert totals["updates_per_delivery"]["webhook_delivery"] >= 3
+    # Each delivery moves its row at least three times (claim, lease, record). The counters
+    # come from pg_stat_user_tables, which a busy backend flushes up to a second late, so a
+    # short run's last window misses some of its updates: the bound allows for that.
+    assert totals["updates_per_delivery"]["webhook_delivery"] >= 2.5
     assert 0 <= totals["hot_ratio"]["webhook_delivery"] <= 1
     assert document["postgres"]["settings"]["autovacuum"] == "on"
 

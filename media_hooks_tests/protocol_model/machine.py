@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import psycopg
 from hypothesis import currently_in_test_context, note
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from psycopg.rows import dict_row
 
 from media_hooks.core.config import Settings
@@ -40,7 +40,8 @@ SECRETS = ("whsec_b25lIHNlY3JldA==", "whsec_YW5vdGhlciBvbmU=")
 # Every destination's limits: (rate per second, burst); in flight 4, three attempts.
 LIMITS = (20.0, 2)
 PLAIN, ORDERED, LATEST, SWITCHED = "plain", "ordered", "latest", "switched"
-DESTINATIONS = (PLAIN, ORDERED, LATEST, SWITCHED)
+# The first is the one the search tries most: the destination with the most rules.
+DESTINATIONS = (LATEST, ORDERED, PLAIN, SWITCHED)
 ASSETS = ("a1", "a2")
 EVENT_TYPES = ("media.ready", "media.gone")
 WORKERS = 3
@@ -154,48 +155,52 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     # --- the producer -------------------------------------------------------------------
 
-    @rule(
-        destination=st.sampled_from(DESTINATIONS),
-        asset=st.sampled_from(ASSETS),
-        event_type=st.sampled_from(EVENT_TYPES),
-        n=st.integers(0, 2),
-        explicit=st.one_of(st.none(), st.integers(0, 3)),
-    )
+    @rule(kind=st.sampled_from(["single", "bulk", "event", "purged again"]), data=st.data())
+    def produce(self, kind, data) -> None:
+        """The producer emits: one delivery, a batch, an event fanned out, or a purged id
+        again. One rule among the others, so that emitting does not crowd out the workers."""
+        if kind == "single":
+            self.emit_single(
+                data.draw(st.sampled_from(DESTINATIONS)),
+                data.draw(st.sampled_from(ASSETS)),
+                data.draw(st.sampled_from(EVENT_TYPES)),
+                data.draw(st.integers(0, 2)),
+                data.draw(st.one_of(st.none(), st.integers(0, 3))),
+            )
+        elif kind == "bulk":
+            one = st.tuples(
+                st.sampled_from(DESTINATIONS),
+                st.sampled_from(ASSETS),
+                st.sampled_from(EVENT_TYPES),
+                st.integers(0, 2),
+            )
+            self.emit_bulk(data.draw(st.lists(one, min_size=1, max_size=3)))
+        elif kind == "event":
+            self.emit_event(
+                data.draw(st.integers(0, 3)),
+                data.draw(st.sampled_from(ASSETS)),
+                data.draw(st.sampled_from(EVENT_TYPES)),
+            )
+        else:
+            self.emit_purged_again(data.draw(st.integers(0, 1000)))
+
     def emit_single(self, destination, asset, event_type, n, explicit) -> None:
         self._begin("emit_single")
         delivery_id = None if explicit is None else f"id-{destination}-{explicit}"
         event = emit.Event(destination, asset, event_type, {"n": n}, delivery_id)
         self._produce(lambda: emit.emit(self.producer.conn, event))
 
-    @rule(
-        events=st.lists(
-            st.tuples(
-                st.sampled_from(DESTINATIONS),
-                st.sampled_from(ASSETS),
-                st.sampled_from(EVENT_TYPES),
-                st.integers(0, 2),
-            ),
-            min_size=1,
-            max_size=3,
-        )
-    )
     def emit_bulk(self, events) -> None:
         self._begin("emit_bulk")
         batch = [emit.Event(d, a, t, {"n": n}) for d, a, t, n in events]
         self._produce(lambda: emit.emit_many(self.producer.conn, batch))
 
-    @rule(
-        event_no=st.integers(0, 3),
-        asset=st.sampled_from(ASSETS),
-        event_type=st.sampled_from(EVENT_TYPES),
-    )
     def emit_event(self, event_no, asset, event_type) -> None:
         """An event fanned out to its subscribers; an event_id may repeat."""
         self._begin("emit_event")
         event = emit.FanOutEvent(f"ev-{event_no}", asset, event_type, {"n": event_no})
         self._produce(lambda: emit.emit_event(self.producer.conn, event))
 
-    @rule(pick=st.integers(0, 1000))
     def emit_purged_again(self, pick) -> None:
         """A purged id, emitted again within the duplicate window, is refused."""
         self._begin("emit_purged_again")
@@ -219,6 +224,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         if not self.producer.busy and self.commit_emits:
             self._commit(self.producer)
 
+    @precondition(lambda self: self.producer.in_transaction and not self.producer.busy)
     @rule(commit=st.booleans())
     def producer_ends_transaction(self, commit) -> None:
         self._begin("producer_ends_transaction")
@@ -236,11 +242,28 @@ class ProtocolMachine(RuleBasedStateMachine):
         ready = [w for w in self.workers if not w.busy and holding(w.held)]
         return ready[index % len(ready)] if ready else None
 
-    @rule(index=st.integers(0, WORKERS - 1), pick=st.integers(0, 3), page_size=st.integers(1, 3))
-    def claim(self, index, pick, page_size) -> None:
+    @rule(
+        index=st.integers(0, WORKERS - 1),
+        pick=st.integers(0, 3),
+        page_size=st.integers(1, 3),
+        then=st.sampled_from(["lease and send", "lease", "stop"]),
+        answer=st.sampled_from(sorted(ANSWERS)),
+    )
+    def claim(self, index, pick, page_size, then, answer) -> None:
         """A worker claims a page of one destination with due deliveries (its own transaction,
-        or a savepoint of the open one) and publishes it, as engine/pages.py does."""
+        or a savepoint of the open one) and publishes it, as engine/pages.py does; ``then``:
+        the worker goes on in the same rule to lease the page, and to send its first lease (a
+        later rule may still stop it between any two of these statements)."""
         self._begin("claim")
+        worker = self._claim(index, pick, page_size)
+        if worker is None or worker.busy or then == "stop":
+            return
+        self._lease(worker, 0, page_size)
+        if worker.busy or then == "lease" or not worker.held.leases:
+            return
+        self._send(worker, len(worker.held.leases) - 1, answer, twice=False)
+
+    def _claim(self, index, pick, page_size) -> Actor | None:
         worker = self._worker(index)
         if worker is None:
             return
@@ -265,15 +288,19 @@ class ProtocolMachine(RuleBasedStateMachine):
                 mine += [(m, committed) for m in page]
 
         worker.start(self.observer, action, done)
+        return worker
 
+    @precondition(lambda self: self._worker(0, lambda held: any(held.messages.values())))
     @rule(index=st.integers(0, WORKERS - 1), pick=st.integers(0, 3), want=st.integers(1, 3))
     def lease(self, index, pick, want) -> None:
         """lease_with_permits on one destination the worker holds messages of, handing back
         the slots of the leases recorded since."""
         self._begin("lease")
         worker = self._worker(index, lambda held: any(held.messages.values()))
-        if worker is None:
-            return
+        if worker is not None:
+            self._lease(worker, pick, want)
+
+    def _lease(self, worker: Actor, pick: int, want: int) -> None:
         holding = sorted(d for d, ms in worker.held.messages.items() if ms)
         if not holding:
             return
@@ -295,9 +322,9 @@ class ProtocolMachine(RuleBasedStateMachine):
         def done(step: Any) -> None:
             if not isinstance(step, leases.LeaseStep):
                 return
-            self.figures.outcomes["lease refused: " + str(step.grant.reason)] += (
-                0 if step.leases else 1
-            )
+            if not step.leases:
+                reason = str(step.grant.reason).split(" until")[0]
+                self.figures.outcomes[f"leased none: {reason}"] += 1
             held = worker.held
             held.messages[destination] = held.messages[destination][step.examined :]
             for taken, slot, start_at in zip(
@@ -309,6 +336,7 @@ class ProtocolMachine(RuleBasedStateMachine):
 
         worker.start(self.observer, action, done)
 
+    @precondition(lambda self: self._worker(0, lambda held: bool(held.leases)))
     @rule(
         index=st.integers(0, WORKERS - 1),
         pick=st.integers(0, 10),
@@ -320,8 +348,10 @@ class ProtocolMachine(RuleBasedStateMachine):
         record_classified (``twice``: the same outcome recorded again, a retried batch)."""
         self._begin("send")
         worker = self._worker(index, lambda held: bool(held.leases))
-        if worker is None:
-            return
+        if worker is not None:
+            self._send(worker, pick, answer, twice)
+
+    def _send(self, worker: Actor, pick: int, answer: str, twice: bool) -> None:
         taken, destination, slot, _ = worker.held.leases.pop(pick % len(worker.held.leases))
         worker.held.release.setdefault(destination, []).append(slot)
         outcome, status, retry_after, attempted = ANSWERS[answer]
@@ -374,8 +404,8 @@ class ProtocolMachine(RuleBasedStateMachine):
     @rule(
         kind=st.sampled_from(
             [
-                "leases run out",
                 "time passes",
+                "leases run out",
                 "sweep",
                 "release run",
                 "requeue",

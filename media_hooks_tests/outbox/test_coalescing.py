@@ -13,6 +13,7 @@ from media_hooks.observe import checks, figures
 from media_hooks.observe.inspection import inspect_delivery
 from media_hooks.outbox.claims import claim_destination_page
 from media_hooks.outbox.cohort import Cohort
+from media_hooks.outbox.destinations import DestinationSpec, upsert_destination
 from media_hooks.outbox.emit import Event, emit
 from media_hooks.outbox.leases import (
     Classified,
@@ -122,4 +123,30 @@ def test_an_older_delivery_is_closed_when_a_newer_one_succeeds(conn, database_ur
         worker.commit()
     assert _row(conn, r1) == {"state": "dead", "closed_reason": "superseded", "closed_by": r2}
     assert claim_all(conn, "run-2", Cohort()).claimed == 0, "the older revision is not sent"
+    assert checks.run(conn, checks.Options(full=True)).holds
+
+
+def test_turning_coalescing_on_closes_what_a_newer_success_superseded(conn, database_url, settings):
+    """Found by the model-based test, shrunk: on a destination that does not coalesce, revision
+    2 succeeds while revision 1 waits for a retry; coalescing turned on must close revision 1
+    (superseded by 2), not send it after 2."""
+    add_destination(conn, "latest")
+    r1, r2 = _emit(conn, 1), _emit(conn, 2)
+    with open_session(database_url, autocommit=True) as worker:
+        page = claim_destination_page(worker, "run-1", "latest", Cohort(), 3)
+        publish_messages(worker, page)
+        step = lease_with_permits(
+            worker, "run-1", "latest", page, holder="run-1", lease_seconds=30, release_slots=[]
+        )
+        first, second = step.leases
+        retry = Classified(first, "retryable", 503, None, "HTTP 503", None, time.monotonic())
+        success = Classified(second, "success", 200, None, None, None, time.monotonic())
+        assert record_classified(worker, [retry, success]).states == {
+            r1: "pending",
+            r2: "succeeded",
+        }
+    upsert_destination(
+        conn, DestinationSpec("latest", "http://127.0.0.1:9/", coalescing="asset"), settings
+    )
+    assert _row(conn, r1) == {"state": "dead", "closed_reason": "superseded", "closed_by": r2}
     assert checks.run(conn, checks.Options(full=True)).holds

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import psycopg
 from hypothesis import HealthCheck, settings
-from hypothesis.errors import Flaky
 from hypothesis.stateful import run_state_machine_as_test
 
 from media_hooks_tests.protocol_model.machine import Figures, ProtocolMachine
@@ -48,8 +47,10 @@ def test_protocol_against_its_model(database_url: str) -> None:
         while time.monotonic() - started < SECONDS:
             try:
                 run_state_machine_as_test(ProtocolMachine, settings=BATCH)
-            except (AssertionError, Flaky, Exception) as failure:
-                figures.counterexamples.append(f"{type(failure).__name__}: {failure}")
+            except Exception as failure:  # an invariant broken, or a statement that failed
+                # Hypothesis's notes carry the shrunk steps and the SQL each session ran.
+                notes = "\n".join(getattr(failure, "__notes__", ()))
+                figures.counterexamples.append(f"{type(failure).__name__}: {failure}\n{notes}")
                 if not long_profile:
                     raise
     finally:

@@ -59,6 +59,8 @@ ANSWERS: dict[str, tuple[str, int | None, float | None, bool]] = {
     "not sent": (outcomes.RETRYABLE, None, None, False),
     "lost": ("", None, None, True),
 }
+# Most answers are successes, as on a healthy publisher; every other answer stays as likely.
+ANSWER_CHOICES = ("2xx", "2xx", "2xx", *sorted(ANSWERS))
 TABLES = (
     "webhook_delivery, delivery_identity, delivery_attempt, dispatch_outbox, "
     "delivery_tombstone_0003, destination_limiter, destination_subscription, "
@@ -144,6 +146,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         if given is None:
             return False
         self.model.committed_successes(given.successes)
+        self.figures.outcomes["successes committed"] += len(given.successes)
         self.model.committed_grants(given.grants)
         return True
 
@@ -247,7 +250,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         pick=st.integers(0, 3),
         page_size=st.integers(1, 3),
         then=st.sampled_from(["lease and send", "lease", "stop"]),
-        answer=st.sampled_from(sorted(ANSWERS)),
+        answer=st.sampled_from(ANSWER_CHOICES),
     )
     def claim(self, index, pick, page_size, then, answer) -> None:
         """A worker claims a page of one destination with due deliveries (its own transaction,
@@ -340,7 +343,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     @rule(
         index=st.integers(0, WORKERS - 1),
         pick=st.integers(0, 10),
-        answer=st.sampled_from(sorted(ANSWERS)),
+        answer=st.sampled_from(ANSWER_CHOICES),
         twice=st.booleans(),
     )
     def send(self, index, pick, answer, twice) -> None:

@@ -48,15 +48,23 @@ def test_protocol_against_its_model(database_url: str) -> None:
             try:
                 run_state_machine_as_test(ProtocolMachine, settings=BATCH)
             except Exception as failure:  # an invariant broken, or a statement that failed
-                # Hypothesis's notes carry the shrunk steps and the SQL each session ran.
-                notes = "\n".join(getattr(failure, "__notes__", ()))
-                figures.counterexamples.append(f"{type(failure).__name__}: {failure}\n{notes}")
+                figures.counterexamples.append(_described(failure))
                 if not long_profile:
                     raise
     finally:
         if REPORT:
             _write_report(Path(REPORT), figures, time.monotonic() - started, database_url)
     assert not figures.counterexamples, "\n\n".join(figures.counterexamples)
+
+
+def _described(failure: BaseException) -> str:
+    """The failure with Hypothesis's notes (the shrunk steps, the SQL each session ran), and
+    those of the failures inside it when its replay was flaky (an exception group)."""
+    notes = "\n".join(getattr(failure, "__notes__", ()))
+    inner = getattr(failure, "exceptions", ())
+    return "\n".join(
+        [f"{type(failure).__name__}: {failure}", notes, *(_described(e) for e in inner)]
+    )
 
 
 def _write_report(path: Path, figures: Figures, seconds: float, database_url: str) -> None:

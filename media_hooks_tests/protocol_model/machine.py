@@ -451,6 +451,9 @@ class ProtocolMachine(RuleBasedStateMachine):
             if not isinstance(result, BaseException):
                 after()
 
+        # The step before may have ended (in this rule's settling) and committed: its
+        # permission holds for this step too, before the new one's replaces it.
+        self._allow()
         self.operating = may
         self._allow()
         self.operator.start(self.observer, action, done)

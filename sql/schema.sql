@@ -1073,6 +1073,39 @@ BEGIN
         FROM moved
         WHERE a.delivery_id = moved.delivery_id AND a.attempt_no = moved.attempt_no
     ),
+    -- Latest wins (0020): on a destination that coalesces by asset, a success closes the older
+    -- deliveries of its asset and type still waiting, as sweep_superseded would. Sent after it,
+    -- one would leave the receiver on stale content, and nothing else closes it: the sweep and
+    -- the claim's rule (media_hooks_held_by_v2) read only open rows, never a newer success.
+    -- One asset's open queue is read (webhook_delivery_asset_queue); a row another session
+    -- holds is skipped.
+    superseded AS (
+        UPDATE webhook_delivery AS o
+        SET state = 'dead',
+            closed_reason = 'superseded',
+            closed_by = stale.newer_id,
+            wait_reason = 'superseded by ' || stale.newer_id,
+            updated_at = now()
+        FROM (
+            SELECT older.delivery_id, n.delivery_id AS newer_id
+            FROM moved AS m
+            JOIN webhook_delivery AS n ON n.delivery_id = m.delivery_id
+            JOIN webhook_destination AS w
+              ON w.destination_id = n.destination_id AND w.coalescing = 'asset'
+            CROSS JOIN LATERAL (
+                SELECT e.delivery_id
+                FROM webhook_delivery AS e
+                WHERE e.destination_id = n.destination_id AND e.asset_id = n.asset_id
+                  AND e.state = 'pending' AND e.closed_reason IS NULL
+                  AND e.event_type = n.event_type
+                  AND (e.created_at, coalesce(e.emit_seq, 0), e.delivery_id)
+                      < (n.created_at, coalesce(n.emit_seq, 0), n.delivery_id)
+                FOR UPDATE SKIP LOCKED
+            ) AS older
+            WHERE m.state = 'succeeded'
+        ) AS stale
+        WHERE o.delivery_id = stale.delivery_id AND o.state = 'pending'
+    ),
     -- A 410 (Gone) or an address the guard refused disables the destination until an operator
     -- enables it; one already disabled keeps its reason. The refused address wins over a 410
     -- in one batch: it is what the operator must fix first.

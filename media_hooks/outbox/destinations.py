@@ -325,6 +325,11 @@ def upsert_destination(
                 _fetch(conn, "destination_release_parked", {"destination_id": spec.destination_id})
             elif spec.ordering == "asset":
                 _fetch(conn, "destination_park_held", {"destination_id": spec.destination_id})
+            if spec.coalescing == "asset":
+                # Latest wins from now on, for what was recorded before too.
+                _fetch(
+                    conn, "destination_close_superseded", {"destination_id": spec.destination_id}
+                )
             if spec.event_types is not None:
                 patterns = subscription_patterns(spec.event_types)
                 subscription = {"destination_id": spec.destination_id, "patterns": patterns}

@@ -5,16 +5,26 @@ recorded reason 'superseded' and the newer one's id, visible and counted, never 
 from __future__ import annotations
 
 import json
+import time
 
 from media_hooks.devtools.receiver import Receiver
 from media_hooks.engine.delivery_run import deliver_due
 from media_hooks.observe import checks, figures
 from media_hooks.observe.inspection import inspect_delivery
+from media_hooks.outbox.claims import claim_destination_page
 from media_hooks.outbox.cohort import Cohort
+from media_hooks.outbox.destinations import DestinationSpec, upsert_destination
 from media_hooks.outbox.emit import Event, emit
+from media_hooks.outbox.leases import (
+    Classified,
+    lease_with_permits,
+    publish_messages,
+    record_classified,
+)
 from media_hooks.outbox.maintenance import sweeps
 from media_hooks.outbox.maintenance.requeue import requeue
 from media_hooks_tests.factories import add_destination, claim_all, states
+from media_hooks_tests.interleaving import open_session
 
 
 def _emit(conn, revision: int, event_type: str = "rights.updated", asset: str = "a1") -> str:
@@ -92,3 +102,51 @@ def test_the_check_counts_closed_deliveries_as_the_dead_rows_they_are(conn):
     assert report.holds, report.failed()
     counts = next(r for r in report.results if r.name == checks.COUNTS.name)
     assert counts.holds, counts.examples
+
+
+def test_an_older_delivery_is_closed_when_a_newer_one_succeeds(conn, database_url):
+    """Found by the model-based test (docs/protocol-model.md), shrunk: a worker claims a page of
+    the coalescing destination (only the newer revision: the older one is held by it), leases
+    it with permits, records its success and commits; a second worker then claimed the older
+    revision and sent it after the newer one (migration 0020 closes it at the success)."""
+    add_destination(conn, "latest", coalescing="asset")
+    r1, r2 = _emit(conn, 1), _emit(conn, 2)
+    with open_session(database_url) as worker:
+        page = claim_destination_page(worker, "run-1", "latest", Cohort(), 3)
+        assert [m.delivery_id for m in page] == [r2]
+        publish_messages(worker, page)
+        step = lease_with_permits(
+            worker, "run-1", "latest", page, holder="run-1", lease_seconds=30, release_slots=[]
+        )
+        success = Classified(step.leases[0], "success", 200, None, None, None, time.monotonic())
+        assert record_classified(worker, [success]).states == {r2: "succeeded"}
+        worker.commit()
+    assert _row(conn, r1) == {"state": "dead", "closed_reason": "superseded", "closed_by": r2}
+    assert claim_all(conn, "run-2", Cohort()).claimed == 0, "the older revision is not sent"
+    assert checks.run(conn, checks.Options(full=True)).holds
+
+
+def test_turning_coalescing_on_closes_what_a_newer_success_superseded(conn, database_url, settings):
+    """Found by the model-based test, shrunk: on a destination that does not coalesce, revision
+    2 succeeds while revision 1 waits for a retry; coalescing turned on must close revision 1
+    (superseded by 2), not send it after 2."""
+    add_destination(conn, "latest")
+    r1, r2 = _emit(conn, 1), _emit(conn, 2)
+    with open_session(database_url, autocommit=True) as worker:
+        page = claim_destination_page(worker, "run-1", "latest", Cohort(), 3)
+        publish_messages(worker, page)
+        step = lease_with_permits(
+            worker, "run-1", "latest", page, holder="run-1", lease_seconds=30, release_slots=[]
+        )
+        first, second = step.leases
+        retry = Classified(first, "retryable", 503, None, "HTTP 503", None, time.monotonic())
+        success = Classified(second, "success", 200, None, None, None, time.monotonic())
+        assert record_classified(worker, [retry, success]).states == {
+            r1: "pending",
+            r2: "succeeded",
+        }
+    upsert_destination(
+        conn, DestinationSpec("latest", "http://127.0.0.1:9/", coalescing="asset"), settings
+    )
+    assert _row(conn, r1) == {"state": "dead", "closed_reason": "superseded", "closed_by": r2}
+    assert checks.run(conn, checks.Options(full=True)).holds

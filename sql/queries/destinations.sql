@@ -125,6 +125,40 @@ SET next_attempt_at = parking.next_attempt_at,
 FROM media_hooks_parking_v2(true, now()) AS parking
 WHERE d.delivery_id = ANY (ARRAY(SELECT delivery_id FROM held));
 
+-- name: destination_close_superseded
+-- description: a destination that coalesces by asset: its pending deliveries for which a newer
+-- one of the same asset and event type exists (open, or already succeeded) close unsent at once,
+-- as sweep_superseded closes them: dead, with the reason 'superseded' and the newest one's id.
+-- Those recorded before it coalesced would otherwise be sent after a newer one that had already
+-- succeeded, which neither the claim's rule nor the sweep sees (they read open rows only).
+-- Rows a worker holds are left to the sweep (SKIP LOCKED).
+-- keeps: invariant 3 (the delivery ends terminal, with its reason), invariant 1 (nothing is sent
+--   under another id). Each newer look-up reads one asset's rows of the destination.
+WITH stale AS (
+    SELECT o.delivery_id, newest.delivery_id AS superseded_by
+    FROM webhook_delivery AS o
+    CROSS JOIN LATERAL (
+        SELECT n.delivery_id
+        FROM webhook_delivery AS n
+        WHERE n.destination_id = o.destination_id AND n.asset_id = o.asset_id
+          AND n.event_type = o.event_type AND n.closed_reason IS NULL
+          AND (n.created_at, coalesce(n.emit_seq, 0), n.delivery_id)
+              > (o.created_at, coalesce(o.emit_seq, 0), o.delivery_id)
+        ORDER BY n.created_at DESC, coalesce(n.emit_seq, 0) DESC, n.delivery_id DESC
+        LIMIT 1
+    ) AS newest
+    WHERE o.destination_id = %(destination_id)s AND o.state = 'pending'
+    FOR UPDATE OF o SKIP LOCKED
+)
+UPDATE webhook_delivery AS d
+SET state = 'dead',
+    closed_reason = 'superseded',
+    closed_by = stale.superseded_by,
+    wait_reason = 'superseded by ' || stale.superseded_by,
+    updated_at = now()
+FROM stale
+WHERE d.delivery_id = stale.delivery_id AND d.state = 'pending';
+
 -- name: destination_enable
 -- description: turns a destination on and forgets why it was off.
 -- invariant 3: its pending deliveries were kept while it was off and are due again now.

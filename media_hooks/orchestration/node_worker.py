@@ -95,10 +95,11 @@ def deliver(
     run = command(
         executable(), destination_ids, run_id=context.run_id, page_size=page_size, max_rows=max_rows
     )
+    before = _last_engine_event(context)
     try:
         invocation = client.run(context=context, command=run)
     except DagsterPipesExecutionError as exc:
-        raise _failure(context, str(exc)) from None
+        raise _failure(context, before, str(exc)) from None
     reports = [m for m in invocation.get_custom_messages() if isinstance(m, dict)]
     destinations = reports[-1]["destinations"] if reports else {}
     return WorkerReport(
@@ -110,14 +111,26 @@ def deliver(
     )
 
 
-def _failure(context: OpExecutionContext, exited: str) -> Exception:
-    """The worker's own one-line error, as it closed Pipes with it: final for bad usage or
-    settings (UserError, exit 2), retryable otherwise."""
-    step_key = context.get_step_execution_context().step.key
-    records = context.instance.get_records_for_run(
-        context.run_id, of_type=DagsterEventType.ENGINE_EVENT, ascending=False
+def _engine_events(context: OpExecutionContext, limit: int | None = None):
+    """The run's engine events, newest first."""
+    return context.instance.get_records_for_run(
+        context.run_id, of_type=DagsterEventType.ENGINE_EVENT, ascending=False, limit=limit
     ).records
-    for record in records:
+
+
+def _last_engine_event(context: OpExecutionContext) -> int:
+    newest = _engine_events(context, limit=1)
+    return newest[0].storage_id if newest else 0
+
+
+def _failure(context: OpExecutionContext, after: int, exited: str) -> Exception:
+    """The worker's own one-line error, as this launch of it closed Pipes with it (engine
+    events after ``after``): final for bad usage or settings (UserError, exit 2), retryable
+    otherwise."""
+    step_key = context.get_step_execution_context().step.key
+    for record in _engine_events(context):
+        if record.storage_id <= after:
+            break
         entry = record.event_log_entry
         if entry.step_key != step_key or entry.dagster_event.message != _CLOSED_WITH_ERROR:
             continue

@@ -27,13 +27,15 @@ def _step_failures(instance, run_id: str) -> list[str]:
 
 
 def test_a_node_run_delivers_and_its_step_shows_what_a_python_step_shows(
-    node, instance, database_url, conn, receiver
+    node, instance, database_url, conn, receiver, monkeypatch
 ):
     for d in ("alpha", "beta"):
         add_destination(conn, d, receiver.url + d)
         add_deliveries(conn, d, 3)
+    # The deployment's default: the run's config names no runtime.
+    monkeypatch.setenv("MEDIA_HOOKS_RUNTIME", "node")
 
-    run = deliver(instance, database_url, NODE)
+    run = deliver(instance, database_url)
 
     assert run.success, run.failure
     assert receiver.effects == 6

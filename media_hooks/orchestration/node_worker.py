@@ -22,6 +22,7 @@ from dagster._core.errors import DagsterPipesExecutionError
 
 from media_hooks.core import numeric
 from media_hooks.core.config import Settings
+from media_hooks.engine.counts import DeliveryCounts
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_DIR = REPO / "node"
@@ -87,6 +88,11 @@ def deliver(
 ) -> WorkerReport:
     """Run the worker on ``destination_ids`` under this step's run id, waited for. Raises
     Failure (final) for bad settings or usage, NodeWorkerFailed for a runtime failure."""
+    if max_rows == 0:
+        # The run's row cap left this shard nothing to claim (shard_caps): as the engine's
+        # workers would, each destination claims nothing, and no worker is started.
+        nothing = DeliveryCounts().as_dict()
+        return WorkerReport({d: 0 for d in destination_ids}, {d: nothing for d in destination_ids})
     client = PipesSubprocessClient(
         env=environment(database_url, settings),
         cwd=str(REPO),

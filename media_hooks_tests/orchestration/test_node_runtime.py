@@ -60,6 +60,22 @@ def test_a_node_run_delivers_and_its_step_shows_what_a_python_step_shows(
     assert [r["run_id"] for r in outbox] == [run.run_id]
 
 
+def test_a_capped_node_run_starts_no_worker_for_a_shard_its_cap_left_nothing(
+    node, instance, database_url, conn, receiver
+):
+    for d in ("alpha", "beta"):  # shard 1 and shard 2 of 2 (crc32 % 2)
+        add_destination(conn, d, receiver.url + d)
+        add_deliveries(conn, d, 2)
+
+    run = deliver(instance, database_url, {**NODE, "max_rows": 1, "shards": 2})
+
+    assert run.success, run.failure
+    assert run.summary.claimed == 1 and receiver.effects == 1
+    outputs = _step_outputs(instance, run.run_id)
+    claimed = [outputs[f"deliver_shard[shard_{i}_of_2]"]["claimed"] for i in (1, 2)]
+    assert sorted(claimed) == [0, 1]
+
+
 def test_a_worker_refusing_its_settings_fails_the_step_with_its_line_and_no_retry(
     node, instance, database_url, conn
 ):

@@ -32,6 +32,9 @@ INSTALL = "npm ci --prefix node"
 STOP_SECONDS = 60.0
 # What Dagster records when the external process closes Pipes with an error (pipes/context.py).
 _CLOSED_WITH_ERROR = "[pipes] external process pipes closed with exception"
+# The worker's errors a step retry cannot mend: bad usage or settings, and outcomes the
+# database refused to record (a retry would end green and hide them, as for the engine).
+_FINAL = ("UserError", "OutcomesNotRecorded")
 
 
 class NodeWorkerFailed(RuntimeError):
@@ -87,7 +90,8 @@ def deliver(
     max_rows: int | None,
 ) -> WorkerReport:
     """Run the worker on ``destination_ids`` under this step's run id, waited for. Raises
-    Failure (final) for bad settings or usage, NodeWorkerFailed for a runtime failure."""
+    Failure (final) for bad settings or usage and for outcomes not recorded, NodeWorkerFailed
+    for another runtime failure."""
     if max_rows == 0:
         # The run's row cap left this shard nothing to claim (shard_caps): as the engine's
         # workers would, each destination claims nothing, and no worker is started.
@@ -131,8 +135,7 @@ def _last_engine_event(context: OpExecutionContext) -> int:
 
 def _failure(context: OpExecutionContext, after: int, exited: str) -> Exception:
     """The worker's own one-line error, as this launch of it closed Pipes with it (engine
-    events after ``after``): final for bad usage or settings (UserError, exit 2), retryable
-    otherwise."""
+    events after ``after``): final for the errors of _FINAL, retryable otherwise."""
     step_key = context.get_step_execution_context().step.key
     for record in _engine_events(context):
         if record.storage_id <= after:
@@ -142,7 +145,16 @@ def _failure(context: OpExecutionContext, after: int, exited: str) -> Exception:
             continue
         error = entry.dagster_event.engine_event_data.error
         line = f"node worker: {error.message.strip().removeprefix(f'{error.cls_name}: ')}"
-        if error.cls_name == "UserError":
+        if any(name in _FINAL for name in _class_names(error)):
             return Failure(description=line, allow_retries=False)
         return NodeWorkerFailed(line)
     return NodeWorkerFailed(f"node worker: {exited}")
+
+
+def _class_names(error) -> list[str]:
+    """The class names of an error and of its causes."""
+    names = []
+    while error is not None:
+        names.append(error.cls_name)
+        error = error.cause
+    return names

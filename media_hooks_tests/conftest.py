@@ -30,6 +30,8 @@ from media_hooks.store import db, migrations
 from media_hooks.store.db import with_database
 
 REPO = Path(__file__).resolve().parent.parent
+NODE_DIR = REPO / "node"
+NODE_MAJOR = 20
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -236,6 +238,30 @@ def pool(database_url: str) -> Iterator[ConnectionPool]:
 def settings() -> Settings:
     """Engine settings for tests: receivers live on 127.0.0.1, so private URLs are allowed."""
     return dataclasses.replace(Settings.from_env(), allow_private_urls=True)
+
+
+@pytest.fixture(scope="session")
+def node() -> str:
+    """The ``node`` executable, with the package's dependencies installed."""
+    found = shutil.which("node")
+    if found is None:
+        pytest.skip("node is not installed: the Node.js package's tests need Node 20 or later")
+    version = subprocess.run([found, "--version"], capture_output=True, text=True, check=True)
+    major = int(version.stdout.strip().lstrip("v").split(".")[0])
+    assert major >= NODE_MAJOR, (
+        f"node/package.json needs Node {NODE_MAJOR}+, found {version.stdout}"
+    )
+    if not (NODE_DIR / "node_modules" / "pg").is_dir():
+        npm = shutil.which("npm")
+        assert npm is not None, "node is installed but npm is not: cannot install node/'s packages"
+        installed = subprocess.run(
+            [npm, "ci", "--prefix", str(NODE_DIR), "--prefer-offline", "--no-audit", "--no-fund"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert installed.returncode == 0, f"npm ci failed: {installed.stderr[-2000:]}"
+    return found
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import time
 
 from media_hooks.cli.output import print_json, table
 from media_hooks.core import numeric
-from media_hooks.core.config import Settings, shards_from_env
+from media_hooks.core.config import RUNTIMES, Settings, run_runtime, shards_from_env
 from media_hooks.core.errors import RuntimeFailure, first_line
 from media_hooks.observe import figures, health
 from media_hooks.store import db
@@ -67,6 +67,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         "one per Celery worker process when the run uses the celery executor, else one)",
     )
     run.add_argument(
+        "--runtime",
+        choices=RUNTIMES,
+        help="which program delivers: python (the engine) or node (the Node.js worker, "
+        "launched by the delivery step through Dagster Pipes; `npm ci --prefix node` first) "
+        "(default: MEDIA_HOOKS_RUNTIME, else python)",
+    )
+    run.add_argument(
         "--until-idle",
         action="store_true",
         help="repeat runs until nothing in the cohort is due (or --max-seconds passes)",
@@ -90,6 +97,7 @@ def _claim_config(args: argparse.Namespace) -> dict:
         "max_rows": args.max_rows,
         "page_size": args.page_size,
         "shards": args.shards,
+        "runtime": args.runtime,
     }
     return {key: value for key, value in config.items() if value not in (None, [])}
 
@@ -192,6 +200,8 @@ def run_deliveries(args: argparse.Namespace) -> int:
     SecretBox.from_env()  # a malformed key is refused here, not by every delivery step
     # So is a malformed shard count, before a run starts.
     shards_from_env()
+    # And a runtime that cannot serve the run (a bad MEDIA_HOOKS_RUNTIME, node with filters).
+    run_runtime(args.runtime, "--runtime", filtered=bool(args.event_type or args.asset_id))
     url = db.ready_url(settings)
     # Dagster loads only when there is work to run: usage errors stay fast.
     from media_hooks.cli.supervision import DagsterConsole, RunInterrupted, RunSupervisor

@@ -49,6 +49,36 @@ def shards_from_env() -> int | None:
     return from_env(SHARDS, None, COUNT)
 
 
+RUNTIME = "MEDIA_HOOKS_RUNTIME"
+# Which program delivers a run's deliveries: the Python engine, or the Node.js worker (node/).
+RUNTIMES = ("python", "node")
+
+
+def check_runtime(value: str, name: str) -> str:
+    """``value`` when it names a runtime; else one error naming ``name`` and the choices."""
+    if value not in RUNTIMES:
+        raise UserError(f"{name} must be one of {', '.join(RUNTIMES)}, got {value[:40]!r}")
+    return value
+
+
+def runtime_from_env() -> str:
+    """The deployment's delivery runtime: MEDIA_HOOKS_RUNTIME, else python."""
+    return check_runtime((os.environ.get(RUNTIME) or "").strip() or RUNTIMES[0], RUNTIME)
+
+
+def run_runtime(runtime: str | None, name: str, *, filtered: bool) -> str:
+    """The runtime of one run: ``runtime`` (the option ``name``) when given, else the
+    deployment's. The Node worker claims whole destinations, so a run that also filters by
+    event type, asset or time (``filtered``) needs the Python engine."""
+    chosen = check_runtime(runtime, name) if runtime else runtime_from_env()
+    if chosen == "node" and filtered:
+        raise UserError(
+            "the node runtime delivers whole destinations: a run filtered by event type, asset "
+            "or time needs the python runtime"
+        )
+    return chosen
+
+
 def home_from_env() -> Path:
     """MEDIA_HOOKS_HOME: the project's files (embedded server, logs, Dagster home), absolute."""
     return Path(os.environ.get("MEDIA_HOOKS_HOME") or ".media_hooks").absolute()

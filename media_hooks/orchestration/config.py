@@ -7,6 +7,7 @@ from datetime import datetime
 from dagster import Config
 from pydantic import Field
 
+from media_hooks.core.config import run_runtime
 from media_hooks.core.errors import UserError
 from media_hooks.outbox.cohort import Cohort
 
@@ -78,6 +79,20 @@ class DeliverConfig(CohortConfig):
         "multiprocess or celery executor (Launchpad: execution config) or to isolate "
         "destinations in separate steps.",
     )
+
+    runtime: str | None = Field(
+        default=None,
+        description="Which program delivers: python (the engine, in the step's process) or "
+        "node (the Node.js worker, node/, launched by the step through Dagster Pipes); empty: "
+        "MEDIA_HOOKS_RUNTIME, else python. The node runtime delivers whole destinations: "
+        "event_types, asset_ids and the created_ filters need python.",
+    )
+
+    def delivery_runtime(self) -> str:
+        filtered = bool(
+            self.event_types or self.asset_ids or self.created_after or self.created_before
+        )
+        return run_runtime(self.runtime, "runtime", filtered=filtered)
 
     def check(self) -> None:
         if self.include_dead and not self.requeue_reason.strip():

@@ -60,7 +60,10 @@ def failure_of(result: JobExecutionResult) -> str | None:
     events = result.all_events
     for event in events:
         if event.is_step_failure and event.step_failure_data.error is not None:
-            return f"step {event.step_key} failed: {_error_line(event.step_failure_data.error)}"
+            data = event.step_failure_data
+            # A Failure's own description, without the class name Dagster puts before it.
+            described = data.user_failure_data.description if data.user_failure_data else None
+            return f"step {event.step_key} failed: {described or _error_line(data.error)}"
     ends = (DagsterEventType.RUN_FAILURE, DagsterEventType.RUN_CANCELED)
     for event in reversed(events):
         if event.event_type not in ends:

@@ -1,13 +1,13 @@
-"""The delivery worker against real PostgreSQL and a real receiver on 127.0.0.1."""
+"""The Python delivery worker against real PostgreSQL and a real receiver on 127.0.0.1: what
+is particular to it (its pages, threads, collector, stages). What it shares with the Node.js
+worker is tested on both runtimes at once: test_conformance.py."""
 
 from __future__ import annotations
 
 import base64
-import dataclasses
 import gc
 import threading
 import time
-from datetime import UTC, datetime
 
 import psycopg
 import pytest
@@ -19,7 +19,6 @@ from media_hooks.engine.delivery_run import deliver_due
 from media_hooks.engine.pages import DuePages, RowBudget
 from media_hooks.engine.worker import DestinationWorker
 from media_hooks.http.sender import Sender
-from media_hooks.observe import figures
 from media_hooks.outbox import claims, leases, rate_limits
 from media_hooks.outbox.cohort import Cohort
 from media_hooks.outbox.destinations import (
@@ -39,54 +38,6 @@ def _attempts(conn, delivery_id: str) -> list[dict]:
     return conn.execute(
         "SELECT * FROM delivery_attempt WHERE delivery_id = %s ORDER BY attempt_no", (delivery_id,)
     ).fetchall()
-
-
-def _make_due(conn) -> None:
-    conn.execute("UPDATE webhook_delivery SET next_attempt_at = now() WHERE state = 'pending'")
-    conn.execute("UPDATE webhook_destination SET paused_until = NULL")
-
-
-def test_a_run_delivers_every_due_delivery_signed_once(conn, pool, settings):
-    with Receiver(secrets=[SECRET]) as receiver:
-        for name in ("cdn", "rights", "archive"):
-            add_destination(
-                conn,
-                name,
-                url=receiver.url,
-                secrets=[SECRET],
-                rate_per_second=1000,
-                burst=100,
-                max_in_flight=8,
-            )
-            add_deliveries(conn, name, 20)
-
-        report = deliver_due(pool, "run-1", settings)
-
-        assert report.claim.claimed == 60
-        assert report.totals.succeeded == 60
-        assert {k: v.succeeded for k, v in report.by_destination.items()} == {
-            "cdn": 20,
-            "rights": 20,
-            "archive": 20,
-        }
-        assert states(conn) == {"succeeded": 60}
-        assert receiver.effects == 60
-        assert all(r.verified for r in receiver.requests)
-        assert {r.webhook_id for r in receiver.requests} == {
-            r.idempotency_key for r in receiver.requests
-        }
-        body = bytes(delivery(conn, "d-cdn-1")["body"])
-        assert next(r.body for r in receiver.requests if r.webhook_id == "d-cdn-1") == body
-        published = conn.execute(
-            "SELECT count(*) AS n FROM dispatch_outbox WHERE published_at IS NULL"
-        ).fetchone()
-        assert published["n"] == 0
-        attempt = _attempts(conn, "d-cdn-1")[0]
-        assert (attempt["run_id"], attempt["outcome"], attempt["http_status"]) == (
-            "run-1",
-            "success",
-            200,
-        )
 
 
 def _freeze_counts_while_sending(conn, pool, settings, monkeypatch) -> list[int]:
@@ -129,94 +80,6 @@ def test_a_process_that_froze_its_own_objects_keeps_them_frozen_after_a_run(
         gc.unfreeze()
 
 
-def test_a_failed_delivery_is_dispatched_again_and_delivered_with_the_same_id(conn, pool, settings):
-    """The record's gap: after one failure a new dispatch (outbox row) delivers it."""
-    with Receiver(script=by_attempt(Reply(status=500))) as receiver:
-        add_destination(conn, "cdn", url=receiver.url)
-        add_deliveries(conn, "cdn", 1)
-
-        first = deliver_due(pool, "run-1", settings)
-        assert (first.totals.retried, first.totals.succeeded) == (1, 0)
-        row = delivery(conn, "d-cdn-1")
-        assert row["state"] == "pending" and row["wait_reason"].startswith("backoff")
-        _make_due(conn)
-
-        second = deliver_due(pool, "run-2", settings)
-        assert second.totals.succeeded == 1
-        assert [r.webhook_id for r in receiver.requests] == ["d-cdn-1", "d-cdn-1"]
-        outbox = conn.execute(
-            "SELECT message_id, run_id FROM dispatch_outbox ORDER BY dispatch_no"
-        ).fetchall()
-        assert [(r["message_id"], r["run_id"]) for r in outbox] == [
-            ("d-cdn-1:1", "run-1"),
-            ("d-cdn-1:2", "run-2"),
-        ]
-        assert [a["outcome"] for a in _attempts(conn, "d-cdn-1")] == ["retryable", "success"]
-
-
-def test_429_with_retry_after_pauses_the_destination_and_schedules_the_delivery(
-    conn, pool, settings
-):
-    with Receiver(script=by_attempt(Reply(status=429, headers={"Retry-After": "120"}))) as receiver:
-        add_destination(conn, "cdn", url=receiver.url, max_in_flight=1)
-        add_deliveries(conn, "cdn", 3)
-        before = datetime.now(UTC)
-
-        report = deliver_due(pool, "run-1", settings)
-
-        assert report.totals.rate_limited == 1
-        assert report.totals.deferred == 2  # the pause outlasts what a run waits: handed back
-        assert receiver.request_count == 1
-        destination = conn.execute(
-            "SELECT paused_until, paused_reason FROM webhook_destination"
-        ).fetchone()
-        assert (destination["paused_until"] - before).total_seconds() == pytest.approx(120, abs=5)
-        for row in conn.execute("SELECT * FROM webhook_delivery").fetchall():
-            assert row["state"] == "pending"
-            assert row["budget_used"] == 0  # rate limits do not spend the retry budget
-            assert (row["next_attempt_at"] - before).total_seconds() == pytest.approx(120, abs=5)
-
-
-def test_connection_dropped_after_the_receiver_committed_is_ambiguous_and_retried_with_the_same_key(
-    conn, pool, settings
-):
-    with Receiver(script=by_attempt(Reply(drop=True))) as receiver:
-        add_destination(conn, "cdn", url=receiver.url)
-        add_deliveries(conn, "cdn", 1)
-        first = deliver_due(pool, "run-1", settings)
-        assert first.totals.ambiguous == 1
-        assert delivery(conn, "d-cdn-1")["last_outcome"] == "ambiguous"
-        _make_due(conn)
-        assert deliver_due(pool, "run-2", settings).totals.succeeded == 1
-        assert [r.webhook_id for r in receiver.requests] == ["d-cdn-1", "d-cdn-1"]
-        assert receiver.effects == 1  # one logical effect at a deduplicating receiver
-
-
-def test_a_receiver_slower_than_the_timeout_is_ambiguous_and_retried(conn, pool, settings):
-    with Receiver(script=by_attempt(Reply(delay_seconds=2.0))) as receiver:
-        add_destination(conn, "cdn", url=receiver.url, timeout_seconds=0.3)
-        add_deliveries(conn, "cdn", 1)
-        assert deliver_due(pool, "run-1", settings).totals.ambiguous == 1
-        attempt = _attempts(conn, "d-cdn-1")[0]
-        assert attempt["outcome"] == "ambiguous" and "timeout" in attempt["error"].lower()
-        _make_due(conn)
-        assert deliver_due(pool, "run-2", settings).totals.succeeded == 1
-
-
-def test_410_kills_the_delivery_and_disables_the_destination_keeping_the_rest_pending(
-    conn, pool, settings
-):
-    with Receiver(reply=Reply(status=410)) as receiver:
-        add_destination(conn, "cdn", url=receiver.url, max_in_flight=1)
-        add_deliveries(conn, "cdn", 3)
-        report = deliver_due(pool, "run-1", settings)
-        assert (report.totals.dead, report.totals.deferred) == (1, 2)
-        assert receiver.request_count == 1
-        dest = conn.execute("SELECT enabled, disabled_reason FROM webhook_destination").fetchone()
-        assert dest["enabled"] is False and "410" in dest["disabled_reason"]
-        assert states(conn) == {"dead": 1, "pending": 2}
-
-
 def test_a_requeued_dead_letter_is_delivered_with_the_same_id(conn, pool, settings):
     with Receiver(script=by_attempt(Reply(status=400))) as receiver:
         add_destination(conn, "cdn", url=receiver.url)
@@ -228,16 +91,6 @@ def test_a_requeued_dead_letter_is_delivered_with_the_same_id(conn, pool, settin
         assert deliver_due(pool, "run-3", settings).totals.succeeded == 1
         assert [r.webhook_id for r in receiver.requests] == ["d-cdn-1", "d-cdn-1"]
         assert [r.status for r in receiver.requests] == [400, 200]
-
-
-def test_in_flight_never_exceeds_the_destination_ceiling(conn, pool, settings):
-    with Receiver(reply=Reply(delay_seconds=0.05)) as receiver:
-        add_destination(
-            conn, "cdn", url=receiver.url, max_in_flight=3, rate_per_second=1000, burst=50
-        )
-        add_deliveries(conn, "cdn", 30)
-        assert deliver_due(pool, "run-1", settings).totals.succeeded == 30
-        assert receiver.max_in_flight == 3
 
 
 def test_a_rate_bound_worker_asks_for_a_burst_at_a_time_and_stays_within_the_envelope(
@@ -284,48 +137,6 @@ def _open_attempts(conn) -> int:
     return conn.execute(
         "SELECT count(*) AS n FROM delivery_attempt WHERE finished_at IS NULL"
     ).fetchone()["n"]
-
-
-def test_a_bare_429_is_recorded_deferred_and_spares_the_budget(conn, pool, settings):
-    """Hole 1: a 429 without Retry-After is an ordinary outcome, not a crashed batch."""
-    with Receiver(reply=Reply(status=429)) as receiver:
-        # The pause (the backoff base) outlasts what a run waits: the rest is handed back.
-        add_destination(conn, "cdn", url=receiver.url, max_in_flight=1, backoff_base_seconds=120)
-        add_deliveries(conn, "cdn", 3)
-
-        report = deliver_due(pool, "run-1", settings)
-
-        assert (report.totals.rate_limited, report.totals.deferred) == (1, 2)
-        assert receiver.request_count == 1
-        destination = conn.execute(
-            "SELECT extract(epoch FROM paused_until - now()) AS left, paused_reason "
-            "FROM webhook_destination"
-        ).fetchone()
-        assert 110 < destination["left"] <= 120
-        assert destination["paused_reason"] == "HTTP 429 without Retry-After: 120 s"
-        for row in conn.execute("SELECT * FROM webhook_delivery").fetchall():
-            assert (row["state"], row["budget_used"]) == ("pending", 0)
-        assert rate_limits.in_flight(conn, "cdn") == []
-        assert _open_attempts(conn) == 0
-
-
-def test_a_bare_503_is_an_ordinary_retryable_answer(conn, pool, settings):
-    """A 503 without Retry-After is "other 5xx": retried with backoff, budget spent, no pause."""
-    with Receiver(reply=Reply(status=503)) as receiver:
-        add_destination(conn, "cdn", url=receiver.url, max_in_flight=2)
-        add_deliveries(conn, "cdn", 2)
-        report = deliver_due(pool, "run-1", settings)
-        assert (report.totals.retried, report.totals.rate_limited) == (2, 0)
-        assert receiver.request_count == 2
-        assert conn.execute("SELECT paused_until FROM webhook_destination").fetchone() == {
-            "paused_until": None
-        }
-        for row in conn.execute("SELECT * FROM webhook_delivery").fetchall():
-            assert (row["state"], row["budget_used"], row["last_outcome"]) == (
-                "pending",
-                1,
-                "retryable",
-            )
 
 
 class Injected(RuntimeError):
@@ -587,55 +398,6 @@ def test_deferred_deliveries_are_due_when_the_pause_ends_on_the_database_clock(
         "SELECT next_attempt_at FROM webhook_delivery WHERE attempt_count = 0"
     ).fetchall()
     assert [r["next_attempt_at"] for r in deferred] == [paused_until, paused_until]
-
-
-def test_an_address_refused_at_connect_time_disables_the_destination_not_the_deliveries(
-    conn, pool, settings
-):
-    """Issue 11's configuration fault: the SSRF guard refusing the connected address is not a
-    delivery failure. The destination is disabled saying which address and which setting
-    allows it; the attempt is recorded, the deliveries stay pending with their budget."""
-    guarded = dataclasses.replace(settings, allow_private_urls=False)
-    with Receiver() as receiver:
-        add_destination(conn, "cdn", url=receiver.url, max_in_flight=1, max_attempts=1)
-        add_deliveries(conn, "cdn", 3)
-
-        report = deliver_due(pool, "run-1", guarded)
-
-        assert receiver.request_count == 0
-    for row in conn.execute("SELECT * FROM webhook_delivery").fetchall():
-        assert (row["state"], row["budget_used"]) == ("pending", 0)
-    assert (report.totals.guard_refused, report.totals.deferred, report.totals.dead) == (1, 2, 0)
-    (attempt,) = conn.execute("SELECT outcome, error FROM delivery_attempt").fetchall()
-    assert attempt["outcome"] == "retryable" and "SSRF guard" in attempt["error"]
-    (listed,) = list_destinations(conn)
-    assert listed["state"] == "disabled"
-    assert "127.0.0.1" in listed["disabled_reason"]
-    assert "MEDIA_HOOKS_ALLOW_PRIVATE_URLS=1" in listed["disabled_reason"]
-    (flag,) = figures.measure(conn).disabled
-    assert flag.disabled_reason == listed["disabled_reason"]
-    assert rate_limits.in_flight(conn, "cdn") == []
-
-
-def test_a_destination_allowed_private_addresses_delivers_where_the_guard_refuses_others(
-    conn, pool, settings
-):
-    """The guard on for the deployment: the destination added with allow_private_url reaches
-    the receiver on 127.0.0.1; its neighbour at the same address is disabled by the guard."""
-    guarded = dataclasses.replace(settings, allow_private_urls=False)
-    with Receiver() as receiver:
-        add_destination(conn, "mine", url=receiver.url + "mine", allow_private_url=True)
-        add_destination(conn, "theirs", url=receiver.url + "theirs", max_in_flight=1)
-        add_deliveries(conn, "mine", 2)
-        add_deliveries(conn, "theirs", 2)
-
-        report = deliver_due(pool, "run-1", guarded)
-
-        assert receiver.effects == 2
-    counts = report.by_destination
-    assert (counts["mine"].succeeded, counts["theirs"].guard_refused) == (2, 1)
-    states = {d["destination_id"]: d["state"] for d in list_destinations(conn)}
-    assert states == {"mine": "enabled", "theirs": "disabled"}
 
 
 @pytest.mark.parametrize(

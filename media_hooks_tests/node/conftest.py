@@ -9,42 +9,15 @@ package's dependencies are installed (``npm ci``) once per session when they are
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from media_hooks_tests.conftest import REPO
+from media_hooks_tests.conftest import NODE_DIR, REPO
 
-NODE_DIR = REPO / "node"
 CLI = NODE_DIR / "bin" / "media-hooks-node.js"
 EMIT_DRIVER = Path(__file__).with_name("emit_driver.mjs")
-NODE_MAJOR = 20
-
-
-@pytest.fixture(scope="session")
-def node() -> str:
-    """The ``node`` executable, with the package's dependencies installed."""
-    found = shutil.which("node")
-    if found is None:
-        pytest.skip("node is not installed: the Node.js package's tests need Node 20 or later")
-    version = subprocess.run([found, "--version"], capture_output=True, text=True, check=True)
-    major = int(version.stdout.strip().lstrip("v").split(".")[0])
-    assert major >= NODE_MAJOR, (
-        f"node/package.json needs Node {NODE_MAJOR}+, found {version.stdout}"
-    )
-    if not (NODE_DIR / "node_modules" / "pg").is_dir():
-        npm = shutil.which("npm")
-        assert npm is not None, "node is installed but npm is not: cannot install node/'s packages"
-        installed = subprocess.run(
-            [npm, "ci", "--prefix", str(NODE_DIR), "--prefer-offline", "--no-audit", "--no-fund"],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert installed.returncode == 0, f"npm ci failed: {installed.stderr[-2000:]}"
-    return found
 
 
 @pytest.fixture

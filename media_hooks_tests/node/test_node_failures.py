@@ -14,21 +14,26 @@ import signal
 import threading
 
 import pytest
-from dagster_pipes import encode_param
+from dagster import (
+    DagsterInstance,
+    PipesSubprocessClient,
+    asset,
+    materialize,
+)
 
 from media_hooks.core import crashpoints
 from media_hooks.devtools.receiver import Receiver, Reply
 from media_hooks.engine.delivery_run import deliver_due
 from media_hooks.outbox import rate_limits
 from media_hooks.outbox.maintenance import sweeps
-from media_hooks_tests.conftest import run_cli
+from media_hooks_tests.conftest import REPO, run_cli
 from media_hooks_tests.crashes import (
     assert_interruption_is_on_record,
     wait_until_swept_work_is_due,
 )
 from media_hooks_tests.factories import add_deliveries, add_destination, states
 from media_hooks_tests.interleaving import in_background, wait_for
-from media_hooks_tests.node.conftest import run_worker, start_worker, worker_report
+from media_hooks_tests.node.conftest import CLI, run_worker, start_worker, worker_report
 
 COUNT = 4
 
@@ -165,49 +170,61 @@ def test_python_and_node_workers_at_once_share_the_limits_and_never_succeed_twic
     _check_holds(cli_env)
 
 
-def test_through_dagster_pipes_its_logs_and_counts_reach_the_step(node, node_env, conn, tmp_path):
-    """Groundwork for launching it from a Dagster step (PipesSubprocessClient): the run id
-    comes from the Pipes context, and the messages file gets the opening, the log lines, the
-    per-destination counts and the closing, in the Pipes protocol's format."""
-    context, messages = tmp_path / "context.json", tmp_path / "messages"
-    context.write_text(json.dumps({"run_id": "dagster-run-1", "asset_keys": None, "extras": {}}))
-    env = dict(
-        node_env,
-        DAGSTER_PIPES_CONTEXT=encode_param({"path": str(context)}),
-        DAGSTER_PIPES_MESSAGES=encode_param({"path": str(messages)}),
-    )
+def _launched_by_dagster(node: str, env: dict[str, str], *destinations: str):
+    """A materialization of an asset whose code launches the worker with Dagster's own
+    PipesSubprocessClient: the run's result, its instance's log entries, the custom messages."""
+    reports: list = []
+
+    @asset
+    def delivered(context):
+        client = PipesSubprocessClient(env=env, cwd=str(REPO))
+        invocation = client.run(context=context, command=[node, str(CLI), "worker", *destinations])
+        reports.extend(invocation.get_custom_messages())
+        return invocation.get_materialize_result()
+
+    with DagsterInstance.ephemeral() as instance:
+        result = materialize([delivered], instance=instance, raise_on_error=False)
+        return result, instance.all_logs(result.run_id), reports
+
+
+def test_launched_through_dagster_pipes_its_logs_and_counts_reach_dagster(node, node_env, conn):
+    """The run id comes from the Pipes context; the worker's log lines reach the step's log,
+    its per-destination counts arrive as a custom message and as the materialization's
+    metadata (one asset is in scope)."""
     with Receiver() as receiver:
         add_destination(conn, "cdn", url=receiver.url)
         add_deliveries(conn, "cdn", 3)
-        done = run_worker(node, "cdn", env=env)
-        assert done.returncode == 0, done.stderr
-    sent = [json.loads(line) for line in messages.read_text().splitlines()]
-    assert all(m["__dagster_pipes_version"] == "0.1" for m in sent)
-    methods = [m["method"] for m in sent]
-    assert methods[0] == "opened" and methods[-1] == "closed"
-    assert sent[-1]["params"] == {}
-    assert "log" in methods
-    (custom,) = [m["params"]["payload"] for m in sent if m["method"] == "report_custom_message"]
-    assert custom["run_id"] == "dagster-run-1"
+        result, logs, reports = _launched_by_dagster(node, node_env, "cdn")
+
+    assert result.success
+    (report,) = reports
+    assert report["run_id"] == result.run_id
     assert (
-        custom["destinations"]["cdn"]["claimed"],
-        custom["destinations"]["cdn"]["succeeded"],
-    ) == (3, 3)
-    runs = conn.execute("SELECT DISTINCT run_id FROM dispatch_outbox").fetchall()
-    assert runs == [{"run_id": "dagster-run-1"}]
-
-
-def test_a_failed_worker_closes_pipes_with_its_error(node, node_env, tmp_path, empty_database_url):
-    context, messages = tmp_path / "context.json", tmp_path / "messages"
-    context.write_text(json.dumps({"run_id": "r", "asset_keys": None, "extras": {}}))
-    env = dict(
-        node_env,
-        MEDIA_HOOKS_DATABASE_URL=empty_database_url,
-        DAGSTER_PIPES_CONTEXT=encode_param({"path": str(context)}),
-        DAGSTER_PIPES_MESSAGES=encode_param({"path": str(messages)}),
+        report["destinations"]["cdn"]["claimed"],
+        report["destinations"]["cdn"]["succeeded"],
+    ) == (
+        3,
+        3,
     )
-    done = run_worker(node, "cdn", env=env)
-    assert done.returncode == 1
-    closed = json.loads(messages.read_text().splitlines()[-1])
-    assert closed["method"] == "closed"
-    assert "no media_hooks schema" in closed["params"]["exception"]["message"]
+    (materialization,) = result.asset_materializations_for_node("delivered")
+    assert materialization.metadata["deliveries"].value == report
+    messages = [entry.user_message for entry in logs]
+    assert any(f"run {result.run_id}: delivering to cdn" in m for m in messages), messages
+    runs = conn.execute("SELECT DISTINCT run_id FROM dispatch_outbox").fetchall()
+    assert runs == [{"run_id": result.run_id}]
+
+
+def test_a_failed_worker_closes_pipes_with_its_error(node, node_env, empty_database_url):
+    env = dict(node_env, MEDIA_HOOKS_DATABASE_URL=empty_database_url)
+
+    result, logs, reports = _launched_by_dagster(node, env, "cdn")
+
+    assert not result.success and reports == []
+    (closed,) = [
+        entry.dagster_event.engine_event_data.error
+        for entry in logs
+        if entry.dagster_event is not None
+        and entry.dagster_event.message == "[pipes] external process pipes closed with exception"
+    ]
+    assert closed.cls_name == "RuntimeFailure"
+    assert "no media_hooks schema" in closed.message

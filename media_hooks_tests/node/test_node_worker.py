@@ -1,14 +1,14 @@
 """The Node.js worker (node/bin/media-hooks-node.js) against real PostgreSQL and the project's
-receiver: the request the contract describes, the same bytes as the Python sender, the
-contract's outcome classes (decided by the database's state machine), the destination's
-limits, the SSRF guard at connect time, and a stop that hands back what it holds."""
+receiver: the same bytes and headers as the Python sender, a stop that hands back what it
+holds, and settings it refuses. What it shares with the Python engine (the outcome classes,
+the same key and bytes on every attempt, the limits, the SSRF guard) is tested on both
+runtimes at once: media_hooks_tests/engine/test_conformance.py."""
 
 from __future__ import annotations
 
 import base64
 import json
 import signal
-from datetime import UTC, datetime
 
 import pytest
 
@@ -40,43 +40,6 @@ def _attempts(conn, delivery_id: str) -> list[dict]:
 def _contract_headers(request: ReceivedRequest) -> dict[str, str]:
     lowered = {k.lower(): v for k, v in request.headers.items()}
     return {name: lowered.get(name) for name in CONTRACT_HEADERS}
-
-
-def test_the_node_worker_delivers_every_due_delivery_signed_once(node, node_env, conn):
-    with Receiver(secrets=[SECRET]) as receiver:
-        for name in ("cdn", "rights"):
-            add_destination(
-                conn, name, url=receiver.url, secrets=[SECRET], rate_per_second=500, burst=50
-            )
-            add_deliveries(conn, name, 20)
-
-        report = worker_report(
-            run_worker(node, "cdn", "rights", "--json", "--run-id", "run-node", env=node_env)
-        )
-
-        assert report["run_id"] == "run-node"
-        assert {d: (c["claimed"], c["succeeded"]) for d, c in report["destinations"].items()} == {
-            "cdn": (20, 20),
-            "rights": (20, 20),
-        }
-        assert states(conn) == {"succeeded": 40}
-        assert receiver.effects == 40 and receiver.request_count == 40
-        assert all(r.verified for r in receiver.requests)
-        assert all(r.webhook_id == r.idempotency_key for r in receiver.requests)
-        for request in receiver.requests:
-            assert request.body == bytes(delivery(conn, request.webhook_id)["body"])
-    outbox = conn.execute(
-        "SELECT count(*) AS n, count(published_at) AS published, "
-        "array_agg(DISTINCT run_id) AS runs FROM dispatch_outbox"
-    ).fetchone()
-    assert outbox == {"n": 40, "published": 40, "runs": ["run-node"]}
-    attempt = _attempts(conn, "d-cdn-1")[0]
-    assert (attempt["run_id"], attempt["outcome"], attempt["http_status"]) == (
-        "run-node",
-        "success",
-        200,
-    )
-    assert rate_limits.in_flight(conn, "cdn") == []
 
 
 def test_node_and_python_send_the_same_bytes_and_headers(node, node_env, conn, pool, settings):
@@ -117,184 +80,7 @@ def _only(destination_id: str) -> Cohort:
     return Cohort(destination_ids=(destination_id,))
 
 
-# The contract's outcome table, answer by answer -------------------------------------------------
-
-OVERSIZED = b"x" * (1024 * 1024)
-
-# case: (reply, destination settings, state, outcome, http status, error words)
-ANSWERS = {
-    "2xx": (Reply(status=204, body=b""), {}, "succeeded", "success", 204, None),
-    "4xx": (Reply(status=400), {}, "dead", "rejected", 400, "HTTP 400"),
-    "410": (Reply(status=410), {}, "dead", "rejected", 410, "HTTP 410"),
-    "429-retry-after": (
-        Reply(status=429, headers={"Retry-After": "120"}),
-        {},
-        "pending",
-        "rate_limited",
-        429,
-        "HTTP 429",
-    ),
-    "429-bare": (
-        Reply(status=429),
-        {"backoff_base_seconds": 30},
-        "pending",
-        "rate_limited",
-        429,
-        "HTTP 429",
-    ),
-    "503-retry-after": (
-        Reply(status=503, headers={"Retry-After": "60"}),
-        {},
-        "pending",
-        "rate_limited",
-        503,
-        "HTTP 503",
-    ),
-    "5xx": (Reply(status=502), {}, "pending", "retryable", 502, "HTTP 502"),
-    "timeout": (
-        Reply(delay_seconds=2.0),
-        {"timeout_seconds": 0.3},
-        "pending",
-        "ambiguous",
-        None,
-        "read timeout",
-    ),
-    "dropped": (
-        Reply(drop=True),
-        {},
-        "pending",
-        "ambiguous",
-        None,
-        "connection lost after the request was sent",
-    ),
-    "redirect": (
-        Reply(status=302, headers={"Location": "http://127.0.0.1:9/elsewhere"}),
-        {},
-        "dead",
-        "rejected",
-        302,
-        "HTTP 302",
-    ),
-    "oversized-body": (Reply(body=OVERSIZED), {}, "succeeded", "success", 200, None),
-}
-
-
-@pytest.mark.parametrize("case", list(ANSWERS))
-def test_each_answer_is_recorded_as_the_contract_says(node, node_env, conn, case):
-    reply, settings, state, outcome, status, words = ANSWERS[case]
-    with Receiver(reply=reply) as receiver:
-        add_destination(conn, "cdn", url=receiver.url, **settings)
-        add_deliveries(conn, "cdn", 1)
-        before = datetime.now(UTC)
-        report = worker_report(run_worker(node, "cdn", "--json", env=node_env))
-        # One request (a slow answer's is logged when it ends): no redirect followed, no resend.
-        assert receiver.wait_for_requests(1, timeout=10) and receiver.request_count == 1
-
-    row = delivery(conn, "d-cdn-1")
-    (attempt,) = _attempts(conn, "d-cdn-1")
-    assert (row["state"], row["last_outcome"]) == (state, outcome)
-    assert (attempt["outcome"], attempt["http_status"]) == (outcome, status)
-    if words is None:
-        assert attempt["error"] is None
-    else:
-        assert words in attempt["error"]
-    counts = report["destinations"]["cdn"]
-    assert counts["attempted"] == 1
-    assert counts["ambiguous"] == (1 if outcome == "ambiguous" else 0)
-    destination = conn.execute("SELECT * FROM webhook_destination").fetchone()
-    assert destination["enabled"] is (case != "410")
-    if case == "410":
-        assert "receiver answered HTTP 410 (Gone)" in destination["disabled_reason"]
-    if outcome == "rate_limited":
-        wait = {"429-retry-after": 120, "429-bare": 30, "503-retry-after": 60}[case]
-        assert row["budget_used"] == 0
-        assert (row["next_attempt_at"] - before).total_seconds() == pytest.approx(wait, abs=5)
-        assert (destination["paused_until"] - before).total_seconds() == pytest.approx(wait, abs=5)
-    if outcome in ("retryable", "ambiguous"):
-        assert row["budget_used"] == 1 and row["wait_reason"].startswith("backoff ")
-    if case == "oversized-body":
-        assert len(attempt["response_excerpt"]) == 4096
-
-
-def test_a_refused_connection_is_retryable_and_spends_the_budget(node, node_env, conn):
-    with Receiver() as receiver:
-        url = receiver.url  # a port that nothing listens on once the receiver is gone
-    add_destination(conn, "cdn", url=url)
-    add_deliveries(conn, "cdn", 1)
-    worker_report(run_worker(node, "cdn", "--json", env=node_env))
-    row = delivery(conn, "d-cdn-1")
-    (attempt,) = _attempts(conn, "d-cdn-1")
-    assert (row["state"], row["budget_used"], attempt["outcome"]) == ("pending", 1, "retryable")
-    assert attempt["error"].startswith("connection failed: ")
-
-
-# Limits, the guard, a stop ----------------------------------------------------------------------
-
-
-def test_the_node_worker_keeps_the_in_flight_and_start_rate_limits(node, node_env, conn):
-    rate, burst, count = 20.0, 2, 30
-    with Receiver(reply=Reply(delay_seconds=0.1)) as receiver:
-        add_destination(
-            conn, "cdn", url=receiver.url, max_in_flight=3, rate_per_second=rate, burst=burst
-        )
-        add_deliveries(conn, "cdn", count)
-        worker_report(run_worker(node, "cdn", "--json", env=node_env))
-        starts = sorted(r.arrived_monotonic for r in receiver.requests)
-        assert receiver.max_in_flight <= 3
-    assert states(conn) == {"succeeded": count}
-    for i, first in enumerate(starts):
-        for j in range(i + 1, len(starts)):
-            assert j - i + 1 <= burst + rate * (starts[j] - first + 0.02), (i, j)
-
-
-@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"], ids=["address", "name"])
-def test_an_address_refused_at_connect_time_disables_the_destination_not_the_deliveries(
-    node, node_env, conn, host
-):
-    """The guard judges the address connected to: a literal one before the request, a name's
-    after its lookup. Nothing is sent; the destination is disabled saying why; the deliveries
-    keep their budget."""
-    guarded = {k: v for k, v in node_env.items() if k != "MEDIA_HOOKS_ALLOW_PRIVATE_URLS"}
-    with Receiver() as receiver:
-        url = receiver.url.replace("127.0.0.1", host)
-        add_destination(conn, "cdn", url=url, max_in_flight=1, max_attempts=1)
-        add_deliveries(conn, "cdn", 3)
-        report = worker_report(run_worker(node, "cdn", "--json", env=guarded))
-        assert receiver.request_count == 0
-    counts = report["destinations"]["cdn"]
-    assert (counts["guard_refused"], counts["deferred"], counts["dead"]) == (1, 2, 0)
-    for row in conn.execute("SELECT * FROM webhook_delivery").fetchall():
-        assert (row["state"], row["budget_used"]) == ("pending", 0)
-    (attempt,) = conn.execute("SELECT outcome, error FROM delivery_attempt").fetchall()
-    assert attempt["outcome"] == "retryable"
-    assert attempt["error"].startswith("refused by the SSRF guard: connecting to ")
-    destination = conn.execute(
-        "SELECT enabled, disabled_reason FROM webhook_destination"
-    ).fetchone()
-    assert destination["enabled"] is False
-    assert (
-        "is in 127.0.0.0/8" in destination["disabled_reason"]
-        or "::1" in destination["disabled_reason"]
-    )
-    assert "MEDIA_HOOKS_ALLOW_PRIVATE_URLS=1" in destination["disabled_reason"]
-    assert rate_limits.in_flight(conn, "cdn") == []
-
-
-def test_a_destination_allowed_private_addresses_on_its_own_is_sent_to(node, node_env, conn):
-    """`destination add --allow-private-url` opens that destination alone, in the Node worker
-    as in the Python one: no deployment setting needed, and the others stay guarded."""
-    guarded = {k: v for k, v in node_env.items() if k != "MEDIA_HOOKS_ALLOW_PRIVATE_URLS"}
-    with Receiver() as receiver:
-        add_destination(conn, "mine", url=receiver.url, allow_private_url=True)
-        add_destination(conn, "other", url=receiver.url + "other")
-        add_deliveries(conn, "mine", 2)
-        add_deliveries(conn, "other", 1)
-        report = worker_report(run_worker(node, "mine", "other", "--json", env=guarded))
-        assert {r.webhook_id for r in receiver.requests} == {"d-mine-1", "d-mine-2"}
-    assert report["destinations"]["mine"]["succeeded"] == 2
-    assert report["destinations"]["other"]["guard_refused"] == 1
-    rows = conn.execute("SELECT destination_id, enabled FROM webhook_destination").fetchall()
-    assert {r["destination_id"]: r["enabled"] for r in rows} == {"mine": True, "other": False}
+# A stop, bad settings ---------------------------------------------------------------------------
 
 
 def test_sigterm_hands_back_what_it_holds_and_exits_143(node, node_env, conn):

@@ -233,6 +233,7 @@ def test_dagster_ui_loads_everything_and_launches_a_delivery_run(env, conn, rece
             "page_size": None,
             "max_rows": None,
             "shards": None,
+            "runtime": None,
         }
         cohort.update(destination_ids=["alpha"], page_size=2)
         run_id = _launch(url, config)

@@ -210,11 +210,15 @@ def test_reexecution_from_failure_sends_no_succeeded_delivery_twice(
     assert len(sent) <= len(ids) + 2
 
 
+@pytest.mark.parametrize("runtime", ["python", "node"])
 def test_a_failure_to_record_outcomes_fails_the_step_without_a_dagster_retry(
-    instance, database_url, conn, receiver
+    request, instance, database_url, conn, receiver, runtime
 ):
     """Hole 9: outcomes that cannot be recorded (here a database rule refuses them) are never
-    hidden behind a step retry; the failure names the deliveries and the cause."""
+    hidden behind a step retry; the failure names the deliveries and the cause. The same with
+    the Node worker in the step."""
+    if runtime == "node":
+        request.getfixturevalue("node")
     add_destination(conn, "only", receiver.url + "only")
     add_deliveries(conn, "only", 2)
     conn.execute(
@@ -226,7 +230,7 @@ def test_a_failure_to_record_outcomes_fails_the_step_without_a_dagster_retry(
         """
     )
 
-    run = deliver(instance, database_url)
+    run = deliver(instance, database_url, {"runtime": runtime})
 
     assert not run.success
     assert receiver.effects == 2

@@ -97,17 +97,19 @@ function summary(runId, results) {
 async function main() {
   let pipes = null;
   try {
-    const command = parseCommand(process.argv.slice(2));
-    if (command.help) {
-      process.stdout.write(`${USAGE}\n`);
-      return 0;
-    }
-    const settings = settingsFromEnv();
+    // First: a launching step then learns why even a usage or settings error ended it.
     try {
       pipes = openPipes();
     } catch (error) {
       throw new RuntimeFailure(`cannot open Dagster Pipes: ${firstLine(error)}`);
     }
+    const command = parseCommand(process.argv.slice(2));
+    if (command.help) {
+      process.stdout.write(`${USAGE}\n`);
+      pipes?.close();
+      return 0;
+    }
+    const settings = settingsFromEnv();
     const log = (line, level = 'INFO') => {
       process.stderr.write(`media-hooks-node: ${line}\n`);
       pipes?.log(line, level);

@@ -26,7 +26,7 @@ from media_hooks.engine.counts import DeliveryCounts, tally
 from media_hooks.engine.delivery import deliver_destinations
 from media_hooks.engine.recording import OutcomesNotRecorded
 from media_hooks.observe import figures
-from media_hooks.orchestration import outbox_asset, recovery
+from media_hooks.orchestration import node_worker, outbox_asset, recovery
 from media_hooks.orchestration.celery import executor as celery_steps
 from media_hooks.orchestration.config import DeliverConfig
 from media_hooks.orchestration.metadata import (
@@ -45,6 +45,7 @@ from media_hooks.store import db
 
 # The op pool (dagster.yaml, concurrency > pools) caps delivery steps across all runs.
 DELIVERY_POOL = "media_hooks_delivery"
+RUNTIME_TAG = "media_hooks/runtime"
 COUNT_COLUMNS = (
     "attempted",
     "succeeded",
@@ -67,6 +68,8 @@ class Prepared:
     max_rows: int | None
     shards: int
     due_destinations: int
+    # Which program delivers: the Python engine or the Node.js worker (DeliverConfig.runtime).
+    runtime: str = "python"
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,8 @@ def prepare(
 ):
     config.check()
     cohort = config.cohort()
-    context.instance.add_run_tags(context.run_id, cohort_tags(cohort))
+    runtime = config.delivery_runtime()
+    context.instance.add_run_tags(context.run_id, {**cohort_tags(cohort), RUNTIME_TAG: runtime})
     started = time.monotonic()
     settings = delivery_settings.settings()
     with postgres.connection(db.Role.RECONCILER) as conn:
@@ -160,12 +164,14 @@ def prepare(
         max_rows=config.max_rows or delivery_settings.default_max_rows,
         shards=shard_count,
         due_destinations=len(due),
+        runtime=runtime,
     )
     yield Output(
         prepared,
         output_name="prepared",
         metadata={
             "due_destinations": len(due),
+            "runtime": runtime,
             "destinations": MetadataValue.md("\n".join(f"- {d}" for d in due) or "none"),
             "oldest_due_age_seconds": MetadataValue.float(before.oldest_due_age_seconds or 0.0),
             "relay_lag_seconds": MetadataValue.float(before.relay_lag_seconds or 0.0),
@@ -211,17 +217,37 @@ def shard_caps(max_rows: int | None, served: list[int]) -> list[int | None]:
 
 
 def _deliver_shard(context: OpExecutionContext, shard: Shard, postgres, settings) -> ShardResult:
-    """The shard's due destinations, each in a thread of its own (the engine's
-    deliver_destinations), on a pool with a connection for each. A canceled run's interrupt
-    stops every destination, which hands back what it holds before the step ends."""
+    """The shard's due destinations, delivered by the run's runtime."""
     prepared = shard.prepared
     with postgres.connection(db.Role.RECONCILER) as conn:
         remote_steps.release_earlier_attempt(context, conn, shard.serves)
         due = [d for d in claims.due_destinations(conn, prepared.cohort) if shard.serves(d)]
-    started = time.monotonic()
-    result = ShardResult(mapping_key=shard.mapping_key)
     if not due:
-        return result
+        return ShardResult(mapping_key=shard.mapping_key)
+    started = time.monotonic()
+    if prepared.runtime == "node":
+        report = node_worker.deliver(
+            context,
+            due,
+            database_url=postgres.url(),
+            settings=settings,
+            page_size=prepared.page_size,
+            max_rows=shard.max_rows,
+        )
+        return ShardResult(
+            shard.mapping_key, report.claimed, report.counts, time.monotonic() - started
+        )
+    return _deliver_in_python(context, shard, due, postgres, settings, started)
+
+
+def _deliver_in_python(
+    context: OpExecutionContext, shard: Shard, due: list[str], postgres, settings, started: float
+) -> ShardResult:
+    """Each destination in a thread of its own (the engine's deliver_destinations), on a pool
+    with a connection for each. A canceled run's interrupt stops every destination, which
+    hands back what it holds before the step ends."""
+    prepared = shard.prepared
+    result = ShardResult(mapping_key=shard.mapping_key)
     with (
         db.open_pool(postgres.url(), max_size=len(due) + 1, settings=settings) as pool,
         remote_steps.stopped_with_the_run(context) as stop,
@@ -277,6 +303,8 @@ def deliver_shard(
             metadata={"deliveries": exc.delivery_ids},
             allow_retries=False,
         ) from exc
+    except Failure:
+        raise  # final by construction (the node runtime's bad settings or missing install)
     except Exception as exc:
         # Retried by request, not by a retry_policy on the op: under a policy Dagster turns the
         # interrupt of a canceled run into a retry, and an in-process run would then deliver

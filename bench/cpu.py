@@ -14,11 +14,15 @@ after the run; the differences are the run's:
   mistaken for it;
 - the receiver: its own account (``GET /stats``);
 - the delivering side (the engine, the job with Dagster's processes, a peer): the machine's
-  less the server's and the receiver's; the harness's own sampling is in it, a small part.
+  less the server's and the receiver's; the harness's own sampling is in it, a small part;
+- the measured process itself: the CPU time of the harness's children reaped during the run
+  (the measured processes, and whatever they reaped of their own). Unlike the delivering
+  side's figure, another load on the machine does not add to it.
 """
 
 from __future__ import annotations
 
+import resource
 from dataclasses import dataclass
 
 import psutil
@@ -30,6 +34,9 @@ METRICS = {
     "machine_cpu_ms_per_delivery": "machine CPU per delivery, ms",
     "client_cpu_ms_per_delivery": "the path's own CPU per delivery, ms",
     "server_cpu_ms_per_delivery": "the server's CPU per delivery, ms",
+}
+PROCESS_METRICS = {
+    "process_cpu_ms_per_delivery": "the measured process tree's own CPU per delivery, ms",
 }
 # The server's start time as PostgreSQL and the operating system see it may differ by clock
 # granularity and the time the postmaster takes to record it.
@@ -80,20 +87,33 @@ def machine_busy_seconds() -> float:
     return sum(getattr(times, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq"))
 
 
+def reaped_children_seconds() -> float:
+    """CPU seconds (user + system) of this process's children reaped so far."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
 @dataclass(frozen=True)
 class Reading:
     machine: float
     server: float | None
     receiver: float
+    children: float
 
 
 def read(server: psutil.Process | None, receiver: str) -> Reading:
-    return Reading(machine_busy_seconds(), cpu_seconds(server), receiver_cpu_seconds(receiver))
+    return Reading(
+        machine_busy_seconds(),
+        cpu_seconds(server),
+        receiver_cpu_seconds(receiver),
+        reaped_children_seconds(),
+    )
 
 
 def spent(before: Reading, after: Reading) -> dict[str, float | None]:
     """CPU seconds of the run between two readings: the machine's, the server's (None when it
-    is not on this machine), the receiver's and the delivering side's (the rest)."""
+    is not on this machine), the receiver's, the delivering side's (the rest) and the measured
+    processes' own (the children reaped meanwhile)."""
     server = None if before.server is None or after.server is None else after.server - before.server
     machine = after.machine - before.machine
     receiver = after.receiver - before.receiver
@@ -102,4 +122,5 @@ def spent(before: Reading, after: Reading) -> dict[str, float | None]:
         "server": server,
         "receiver": receiver,
         "client": None if server is None else max(machine - server - receiver, 0.0),
+        "process": after.children - before.children,
     }

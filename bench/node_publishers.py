@@ -36,7 +36,7 @@ from typing import Any
 from bench import stats
 from bench.fast_receiver import Start, fast_receiver, take_log
 from bench.paths import starts_by_destination
-from bench.processes import REPO
+from bench.processes import NODE_CLI, REPO
 from bench.scratch import (
     Destination,
     Scratch,
@@ -50,7 +50,6 @@ DESTINATIONS = 16
 RATE = 10.0
 LATENCY_MS = 200
 TARGET = 0.9
-NODE_CLI = REPO / "node" / "bin" / "media-hooks-node.js"
 PYTHON_RUN = """
 import sys
 from media_hooks.store import db

@@ -70,8 +70,9 @@ class PathRun:
         return figures
 
     def cpu_figures(self) -> dict[str, float | None]:
-        """CPU per delivery in ms: the whole machine's, the database server's and the
-        delivering side's (the engine, the job and its Dagster processes, or a peer)."""
+        """CPU per delivery in ms: the whole machine's, the database server's, the
+        delivering side's (the engine, the job and its Dagster processes, or a peer) and the
+        measured process tree's own."""
         spent = self.cpu_seconds or {}
 
         def per_delivery(part: str) -> float | None:
@@ -82,6 +83,7 @@ class PathRun:
             "machine_cpu_ms_per_delivery": per_delivery("machine"),
             "server_cpu_ms_per_delivery": per_delivery("server"),
             "client_cpu_ms_per_delivery": per_delivery("client"),
+            "process_cpu_ms_per_delivery": per_delivery("process"),
         }
 
 
@@ -155,6 +157,12 @@ def run_peer(
 ) -> PathRun:
     command = python_command("bench.run_peer", peer, url, *args)
     return _run(session, peer, [command], session.env(url), timeout)
+
+
+def run_command(session: Session, path: str, command: list[str], url: str, **env: str) -> PathRun:
+    """Any other command (a Node.js process, say) as path ``path``, bound to database ``url``
+    (and any more environment variables given)."""
+    return _run(session, path, [command], session.env(url, **env), None)
 
 
 def starts_by_destination(starts: list[Start]) -> dict[str, list[float]]:

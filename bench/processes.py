@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from typing import Any
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
+NODE_CLI = REPO / "node" / "bin" / "media-hooks-node.js"
 SAMPLE_SECONDS = 0.1
 UNTIL_EVERY = 5
 # How long a stopped run may take to end by itself before it is killed.
@@ -189,3 +191,23 @@ def _signal_group(process: subprocess.Popen, number: int) -> None:
 def kill_group(process: subprocess.Popen) -> None:
     """SIGKILL a process started in a process group of its own, with everything it started."""
     _signal_group(process, signal.SIGKILL)
+
+
+def node_packages(*folders: Path) -> str | None:
+    """Installs the Node.js packages of ``folders`` (``npm ci``) where node_modules is missing;
+    returns one line saying why it could not (node or npm absent, npm failed), or None."""
+    for tool in ("node", "npm"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    for folder in folders:
+        if (folder / "node_modules").is_dir():
+            continue
+        done = subprocess.run(
+            ["npm", "ci", "--no-audit", "--no-fund", "--prefix", str(folder)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+            return f"npm ci --prefix {folder.relative_to(REPO)} failed: {last[:300]}"
+    return None

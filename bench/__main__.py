@@ -6,6 +6,7 @@
     python -m bench --only deliver,latency --quick
     python -m bench --only sustained   # the sustained-load section, run only when named
     python -m bench --only celery  # the Celery workers (run only when named: needs a broker)
+    python -m bench --only node    # the Node worker beside the engine and pg-boss (needs npm)
     python -m bench --report   # rewrite REPORT.md and the plots from latest.json
 
 Runs against ``MEDIA_HOOKS_DATABASE_URL`` when set, otherwise the embedded server, each

@@ -23,6 +23,7 @@ SECTIONS = {
     "latency": "7. Latency",
     "sustained": "8. Sustained load",
     "celery": "9. Celery workers",
+    "node": "10. The Node.js worker",
 }
 MET = {True: "met", False: "**not met**", None: "not measured"}
 

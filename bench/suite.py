@@ -25,6 +25,7 @@ from bench import (
     fidelity,
     latency,
     memory,
+    node_rate,
     plots,
     processes,
     publishers,
@@ -49,10 +50,12 @@ MEASUREMENTS: dict[str, Callable[[Session], dict[str, Any]]] = {
     "memory": memory.measure,
 }
 # Run only when named (``--only sustained,celery``): a sustained run is long by nature, and is
-# its own command too (``python -m bench.sustained``); Celery needs a broker and its extra.
+# its own command too (``python -m bench.sustained``); Celery needs a broker and its extra;
+# the Node worker beside pg-boss needs Node.js and npm (``python -m bench.node_rate`` too).
 ON_REQUEST: dict[str, Callable[[Session], dict[str, Any]]] = {
     "sustained": sustained.measure,
     "celery": celery.measure,
+    "node": node_rate.measure,
 }
 ALL = {**MEASUREMENTS, **ON_REQUEST}
 # The measurements that run the job (and so need a Dagster storage).

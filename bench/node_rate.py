@@ -16,14 +16,15 @@ and POSTing them at once over one keep-alive agent of as many sockets as the eng
 requests in flight (destinations x max in flight), polling every 0.5 s (pg-boss's minimum).
 pg-boss's worker waits out its polling interval after every fetch that took less, so jobs
 at a time are its throughput: the same 40 requests in flight as 40 workers of one job each
-delivered 80/s here (each polls twice a second), against about 2,400/s in batches of 100.
+delivered 80/s here (each polls twice a second), against over 2,000/s in batches of 100.
 
 Figures per run: deliveries/s of the process's wall time (start-up included), in steady state
 (the receiver's timestamps), as the process reports its own delivery span (the engine from
 ``deliver_due``'s start, pg-boss from its first fetch to the last completion seen; the Node
 worker reports none), and CPU per delivery: the measured process tree's own (the children the
-harness reaped during the run: unaffected by other load on the machine), the database
-server's and the whole machine's (both include any other load on a shared machine).
+harness reaped during the run: unaffected by other load on the machine; for pg-boss also its
+own count over its delivery span), the database server's and the whole machine's (both
+include any other load on a shared machine).
 
     python -m bench.node_rate [--deliveries 10000] [--rounds 3] [--out PATH]
     python -m bench --only node    # the same as a section of the report, at the session's size
@@ -67,6 +68,7 @@ METRICS = {
     "per_second": "deliveries/s, end to end (process wall time)",
     "steady_per_second": "deliveries/s in steady state (receiver's timestamps)",
     "own_per_second": "deliveries/s over the delivery span the process reports",
+    "own_cpu_ms_per_delivery": "the process's CPU over that span per delivery, ms (pg-boss)",
     "seconds": "process wall time, s",
     "peak_rss_mib": "peak RSS of the process tree, MiB",
     **cpu.PROCESS_METRICS,
@@ -118,11 +120,15 @@ def seeded(session: Session, destinations: int, rows: int, in_flight: int):
     return seed
 
 
-def own_per_second(run: paths.PathRun) -> float | None:
-    """Deliveries per second of the span the process reports (None: it reports none)."""
+def own_figures(run: paths.PathRun) -> dict[str, float | None]:
+    """Deliveries per second of the delivery span the process reports, and its CPU per
+    delivery over that span (None: it reports none)."""
     reported = run.reported if isinstance(run.reported, dict) else {}
-    seconds = reported.get("seconds")
-    return run.delivered / seconds if seconds else None
+    seconds, cpu_ms = reported.get("seconds"), reported.get("cpu_ms")
+    return {
+        "own_per_second": run.delivered / seconds if seconds else None,
+        "own_cpu_ms_per_delivery": cpu_ms / run.delivered if cpu_ms and run.delivered else None,
+    }
 
 
 def measure(session: Session) -> dict[str, Any]:
@@ -139,7 +145,7 @@ def measure(session: Session) -> dict[str, Any]:
         def measured() -> dict:
             with session.scratch.database(template) as url:
                 done = run(url)
-            return {**done.figures(expected=rows), "own_per_second": own_per_second(done)}
+            return {**done.figures(expected=rows), **own_figures(done)}
 
         return measured
 
@@ -194,13 +200,14 @@ def table(figures: dict[str, Any]) -> str:
         ("steady/s", "steady_per_second"),
         ("own/s", "own_per_second"),
         ("process CPU ms/dlv", "process_cpu_ms_per_delivery"),
+        ("own CPU ms/dlv", "own_cpu_ms_per_delivery"),
         ("server CPU ms/dlv", "server_cpu_ms_per_delivery"),
         ("machine CPU ms/dlv", "machine_cpu_ms_per_delivery"),
     ]
-    lines = [f"{'path':<8}" + "".join(f"{title:>20}" for title, _ in columns)]
+    lines = [f"{'path':<8}" + "".join(f"{title:>19}" for title, _ in columns)]
     for path, entry in figures.items():
         cells = [entry[metric]["median"] for _, metric in columns]
-        lines.append(f"{path:<8}" + "".join(f"{'-' if c is None else c:>20}" for c in cells))
+        lines.append(f"{path:<8}" + "".join(f"{'-' if c is None else c:>19}" for c in cells))
     return "\n".join(lines)
 
 

@@ -20,8 +20,9 @@ from bench import cpu
 from media_hooks_tests.conftest import REPO
 
 PATHS = {"engine", "node", "pgboss"}
-# The Node worker reports no delivery span of its own.
-NOT_REPORTED = {("node", "own_per_second")}
+# The Node worker reports no delivery span of its own; only pg-boss its CPU over it.
+NOT_REPORTED = {("node", "own_per_second"), ("node", "own_cpu_ms_per_delivery")}
+NOT_REPORTED |= {("engine", "own_cpu_ms_per_delivery")}
 
 
 @pytest.mark.one_server

@@ -32,7 +32,7 @@ from media_hooks.outbox.maintenance.discard import discard
 from media_hooks.outbox.maintenance.requeue import requeue
 from media_hooks_tests.conftest import REPO
 from media_hooks_tests.factories import add_destination, claim_all, states
-from media_hooks_tests.interleaving import open_session
+from media_hooks_tests.interleaving import in_background, open_session, wait_until_blocked
 from media_hooks_tests.queues import claimed, revisions_received, settle
 
 
@@ -347,3 +347,36 @@ def test_a_request_sent_before_ordering_began_is_not_counted_out_of_order(
     )
     broken = [r.name for r in checks.run(conn, checks.Options(full=True)).results if not r.holds]
     assert broken == ["sent_out_of_order"], "an attempt started after the switch is counted"
+
+
+def test_a_lease_waits_for_ordering_being_turned_on_and_then_applies_it(
+    conn, database_url, settings
+):
+    """Interleaving: the operator's change of ordering has not committed when the worker asks
+    to lease revision 2: the lease waits for it (the limiter row), then refuses revision 2,
+    instead of leasing it under the old rule after ordering began."""
+    add_destination(conn, "pub")
+    emit(conn, Event("pub", "a1", "media.ready", {"revision": 1}))
+    emit(conn, Event("pub", "a1", "media.ready", {"revision": 2}))
+    with open_session(database_url, autocommit=True) as worker:
+        page = claim_destination_page(worker, "run-1", "pub", Cohort(), 3)
+        publish_messages(worker, page)
+        with open_session(database_url) as operator:
+            spec = DestinationSpec("pub", "http://127.0.0.1:9/", ordering="asset")
+            upsert_destination(operator, spec, settings)  # inside its open transaction
+            with in_background(
+                lambda: lease_with_permits(
+                    worker,
+                    "run-1",
+                    "pub",
+                    page[1:],
+                    holder="run-1",
+                    lease_seconds=30,
+                    release_slots=[],
+                )
+            ) as leasing:
+                wait_until_blocked(conn, worker.info.backend_pid)
+                operator.commit()
+            assert leasing.result().leases == []
+    assert states(conn) == {"enqueued": 1, "pending": 1}, "revision 1 claimed, 2 handed back"
+    assert checks.run(conn, checks.Options(full=True)).holds

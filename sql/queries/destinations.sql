@@ -9,6 +9,15 @@ VALUES (%(destination_id)s, %(url)s)
 ON CONFLICT (destination_id) DO NOTHING
 RETURNING destination_id;
 
+-- name: destination_fence_leases
+-- description: before ordering is turned on, in the same transaction: the destination's limiter
+-- row locked until the change commits. Every lease with permits locks it first
+-- (media_hooks_lease_with_permits_v4), so a lease either ends before ordered_since is taken,
+-- its attempt started before it, or reads the destination after the change and applies the
+-- order (migration 0021); none leases under the old rule after ordered_since.
+-- keeps: invariant 10, and check_sent_out_of_order exact for what the lease sends.
+SELECT FROM media_hooks_lock_limiter_v1(%(destination_id)s);
+
 -- name: destination_update_given
 -- description: sets the URL and every option given (non-null); the others keep their values.
 -- Secrets given replace the whole list (a rotation passes old and new together). Ordering

@@ -14,7 +14,8 @@
 -- held delivery (media_hooks_parking_v2); its permit is given back by the caller as for any
 -- offer not leased. And a request already sent when ordering is turned on cannot be recalled:
 -- webhook_destination.ordered_since records when ordering began (set by
--- destination_update_given when ordering changes to 'asset'), so check_sent_out_of_order does
+-- destination_update_given when ordering changes to 'asset', after destination_fence_leases
+-- took the limiter row every lease with permits locks first), so check_sent_out_of_order does
 -- not count a dispatch made, or an attempt started, before it.
 --
 -- A nullable column with no default: added without rewriting the table; code of the previous
@@ -30,9 +31,8 @@ ALTER TABLE webhook_destination ADD COLUMN IF NOT EXISTS ordered_since timestamp
 -- due) is handed back: pending, parked until it heads its queue, its budget untouched, as
 -- defer_deliveries hands back what a run cannot send. The trigger
 -- webhook_delivery_release_queue_head (0011) or sweep_wake_parked_heads (0013) makes it due
--- again, as for a delivery born held. The hand-back runs only when some offer was not leased,
--- so the common step costs what it cost, less nothing but the rule's index look-up on an
--- ordered destination.
+-- again, as for a delivery born held. The hand-back runs only when some offer was not leased:
+-- the common step adds only the rule's index look-up, and only on an ordered destination.
 -- keeps: invariant 10 (no delivery of an ordered destination is sent while an earlier one of
 --   its asset is not terminal, whenever ordering was turned on), invariant 3 (a refused offer
 --   is pending, due again once it heads its queue: never left enqueued), invariant 4 (a fresh

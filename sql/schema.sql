@@ -180,6 +180,7 @@ CREATE TABLE webhook_destination (
     ordering text DEFAULT 'none'::text NOT NULL,
     coalescing text DEFAULT 'none'::text NOT NULL,
     allow_private_url boolean DEFAULT false NOT NULL,
+    ordered_since timestamp with time zone,
     CONSTRAINT backoff_base_positive CHECK ((backoff_base_seconds > (0)::double precision)),
     CONSTRAINT backoff_cap_not_below_base CHECK ((backoff_cap_seconds >= backoff_base_seconds)),
     CONSTRAINT burst_at_least_one CHECK ((burst >= 1)),
@@ -618,7 +619,7 @@ BEGIN
                 attempt_count = d.attempt_count + 1,
                 budget_used = d.budget_used + 1,
                 updated_at = now()
-            FROM wanted
+            FROM wanted, webhook_destination AS w
             WHERE d.delivery_id = wanted.delivery_id
               AND d.current_message_id = wanted.message_id
               AND CASE d.state
@@ -626,6 +627,11 @@ BEGIN
                       WHEN 'pending' THEN d.next_attempt_at <= now()
                       ELSE false
                   END
+              AND w.destination_id = d.destination_id
+              AND NOT EXISTS (
+                  SELECT FROM media_hooks_held_by_v2(w.ordering, 'none', d.destination_id,
+                                                     d.asset_id, d.event_type, d.created_at,
+                                                     d.emit_seq, d.delivery_id))
             RETURNING d.delivery_id, d.destination_id, d.current_message_id AS message_id,
                       d.lease_token, d.attempt_count AS attempt_no, d.budget_used, d.body
         ),
@@ -640,7 +646,31 @@ BEGIN
         FROM leased AS l;
         GET DIAGNOSTICS leased_now = ROW_COUNT;
         leased_total := leased_total + leased_now;
-        EXIT WHEN pass = 2 OR leased_total = cardinality(p_delivery_ids);
+        EXIT WHEN leased_total = cardinality(p_delivery_ids);
+        -- Held offers are handed back parked (after each pass: the second leases deliveries
+        -- whose expired lease just ended, which may be held as well).
+        UPDATE webhook_delivery AS d
+        SET state = 'pending',
+            next_attempt_at = parked.next_attempt_at,
+            wait_reason = parked.wait_reason,
+            updated_at = now()
+        FROM unnest(p_delivery_ids, p_message_ids) AS wanted(delivery_id, message_id),
+             webhook_destination AS w,
+             media_hooks_parking_v2(true, now()) AS parked
+        WHERE d.delivery_id = wanted.delivery_id
+          AND d.current_message_id = wanted.message_id
+          AND CASE d.state
+                  WHEN 'enqueued' THEN true
+                  WHEN 'pending' THEN d.next_attempt_at <= now()
+                  ELSE false
+              END
+          AND w.destination_id = d.destination_id
+          AND w.ordering = 'asset'
+          AND EXISTS (
+              SELECT FROM media_hooks_held_by_v2(w.ordering, 'none', d.destination_id,
+                                                 d.asset_id, d.event_type, d.created_at,
+                                                 d.emit_seq, d.delivery_id));
+        EXIT WHEN pass = 2;
         -- Some were not leased: those whose lease expired end now; the second pass leases the
         -- ones that came out pending (the rest were leased already, or are stale or terminal).
         PERFORM 1 FROM media_hooks_end_leases_v1(

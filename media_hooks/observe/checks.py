@@ -75,7 +75,7 @@ CHECKS = (
     Check(
         "sent_out_of_order",
         "on a destination that orders by asset, nothing is dispatched while an earlier delivery "
-        "of its asset is not terminal (invariant 10)",
+        "of its asset is not terminal, since it began ordering (invariant 10)",
     ),
     Check(
         "permits_past_hold",

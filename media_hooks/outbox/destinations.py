@@ -319,6 +319,9 @@ def upsert_destination(
             if spec.secrets:
                 _refuse_clear_beside_sealed(conn, box)
             created = _fetch(conn, "destination_create_with_defaults", params)
+            if spec.ordering == "asset":
+                # Before the change: a lease under the old rule ends before ordering begins.
+                _fetch(conn, "destination_fence_leases", {"destination_id": spec.destination_id})
             (stored,) = _fetch(conn, "destination_update_given", params)
             _check_stored(stored, settings)
             if spec.ordering == "none":

@@ -32,7 +32,7 @@ from media_hooks.outbox.maintenance.discard import discard
 from media_hooks.outbox.maintenance.requeue import requeue
 from media_hooks_tests.conftest import REPO
 from media_hooks_tests.factories import add_destination, claim_all, states
-from media_hooks_tests.interleaving import open_session
+from media_hooks_tests.interleaving import in_background, open_session, wait_until_blocked
 from media_hooks_tests.queues import claimed, revisions_received, settle
 
 
@@ -262,16 +262,20 @@ def test_turning_ordering_off_releases_parked_deliveries(conn, settings):
     assert _due(conn, ids[("a1", 2)])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known hole, found by the model-based test: ordering turned on does not take back "
-    "a later delivery already claimed while an earlier one of its asset waits, and "
-    "lease_with_permits leases it (docs/protocol-model.md)",
-)
+def _slots_held(conn, destination_id: str) -> int:
+    row = conn.execute(
+        "SELECT count(*) AS n FROM destination_limiter AS l, unnest(l.slot_until) AS until "
+        "WHERE l.destination_id = %s AND until > now()",
+        (destination_id,),
+    ).fetchone()
+    return row["n"]
+
+
 def test_ordering_turned_on_with_a_later_delivery_in_flight(conn, database_url, settings):
-    """The model's sequence, shrunk: a worker claims revisions 1 and 2 of an asset on a
-    destination that does not order, revision 1's attempt ends retryable (pending again),
-    the operator turns ordering on, and the worker leases revision 2: sent before 1."""
+    """The model's sequence, shrunk (migration 0021): a worker claims revisions 1 and 2 of an
+    asset on a destination that does not order, revision 1's attempt ends retryable (pending
+    again), the operator turns ordering on, and the worker offers revision 2 to the lease: it
+    is handed back parked behind revision 1, its permit returned, instead of sent before 1."""
     add_destination(conn, "pub")
     r1 = emit(conn, Event("pub", "a1", "media.ready", {"revision": 1})).delivery_id
     r2 = emit(conn, Event("pub", "a1", "media.ready", {"revision": 2})).delivery_id
@@ -291,4 +295,88 @@ def test_ordering_turned_on_with_a_later_delivery_in_flight(conn, database_url, 
             worker, "run-1", "pub", page[1:], holder="run-1", lease_seconds=30, release_slots=[]
         )
     assert second.leases == [], "revision 2 is not sent while revision 1 waits"
+    assert second.examined == 1, "the worker is done with the offer"
+    assert _slots_held(conn, "pub") == 1, "revision 1's permit only: revision 2's came back"
+    assert states(conn) == {"pending": 2}, "handed back, not left enqueued"
+    assert not _due(conn, r2) and inspect_delivery(conn, r2).verdict.kind == "held"
+    assert checks.run(conn, checks.Options(full=True)).holds
+    settle(conn, r1, "succeeded")
+    assert _due(conn, r2), "released when revision 1 is done, as a delivery born held"
+
+
+def test_a_request_sent_before_ordering_began_is_not_counted_out_of_order(
+    conn, database_url, settings
+):
+    """Interleaving: revision 2 is leased (its request on its way) while ordering is off;
+    revision 1's attempt ends retryable; the operator turns ordering on; revision 2's outcome
+    is recorded after. A request cannot be recalled: the check holds throughout, and a
+    dispatch after the switch is held to the order."""
+    add_destination(conn, "pub")
+    r1 = emit(conn, Event("pub", "a1", "media.ready", {"revision": 1})).delivery_id
+    r2 = emit(conn, Event("pub", "a1", "media.ready", {"revision": 2})).delivery_id
+    with open_session(database_url, autocommit=True) as worker:
+        page = claim_destination_page(worker, "run-1", "pub", Cohort(), 3)
+        publish_messages(worker, page)
+        step = lease_with_permits(
+            worker, "run-1", "pub", page, holder="run-1", lease_seconds=30, release_slots=[]
+        )
+        first, second = step.leases
+        retry = Classified(first, "retryable", 503, None, "HTTP 503", None, 0.0)
+        assert record_classified(worker, [retry]).states == {r1: "pending"}
+        upsert_destination(
+            conn, DestinationSpec("pub", "http://127.0.0.1:9/", ordering="asset"), settings
+        )
+        assert states(conn) == {"pending": 1, "leased": 1}
+        assert checks.run(conn, checks.Options(full=True)).holds, "leased before the switch"
+        done = Classified(second, "success", 200, None, None, None, 0.0)
+        assert record_classified(worker, [done]).states == {r2: "succeeded"}
+    assert checks.run(conn, checks.Options(full=True)).holds
+    r3 = emit(conn, Event("pub", "a1", "media.ready", {"revision": 3})).delivery_id
+    assert not _due(conn, r3), "born held behind revision 1: the order holds from the switch"
+    conn.execute(
+        "UPDATE webhook_delivery SET state = 'leased', lease_token = gen_random_uuid(), "
+        "lease_until = now() + interval '1 minute', attempt_count = attempt_count + 1 "
+        "WHERE delivery_id = %s",
+        (r3,),
+    )
+    conn.execute(
+        "INSERT INTO delivery_attempt (delivery_id, attempt_no, destination_id, lease_token) "
+        "SELECT delivery_id, attempt_count, destination_id, lease_token FROM webhook_delivery "
+        "WHERE delivery_id = %s",
+        (r3,),
+    )
+    broken = [r.name for r in checks.run(conn, checks.Options(full=True)).results if not r.holds]
+    assert broken == ["sent_out_of_order"], "an attempt started after the switch is counted"
+
+
+def test_a_lease_waits_for_ordering_being_turned_on_and_then_applies_it(
+    conn, database_url, settings
+):
+    """Interleaving: the operator's change of ordering has not committed when the worker asks
+    to lease revision 2: the lease waits for it (the limiter row), then refuses revision 2,
+    instead of leasing it under the old rule after ordering began."""
+    add_destination(conn, "pub")
+    emit(conn, Event("pub", "a1", "media.ready", {"revision": 1}))
+    emit(conn, Event("pub", "a1", "media.ready", {"revision": 2}))
+    with open_session(database_url, autocommit=True) as worker:
+        page = claim_destination_page(worker, "run-1", "pub", Cohort(), 3)
+        publish_messages(worker, page)
+        with open_session(database_url) as operator:
+            spec = DestinationSpec("pub", "http://127.0.0.1:9/", ordering="asset")
+            upsert_destination(operator, spec, settings)  # inside its open transaction
+            with in_background(
+                lambda: lease_with_permits(
+                    worker,
+                    "run-1",
+                    "pub",
+                    page[1:],
+                    holder="run-1",
+                    lease_seconds=30,
+                    release_slots=[],
+                )
+            ) as leasing:
+                wait_until_blocked(conn, worker.info.backend_pid)
+                operator.commit()
+            assert leasing.result().leases == []
+    assert states(conn) == {"enqueued": 1, "pending": 1}, "revision 1 claimed, 2 handed back"
     assert checks.run(conn, checks.Options(full=True)).holds

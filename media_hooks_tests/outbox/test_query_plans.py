@@ -257,15 +257,21 @@ def _lease_indexes(conn: psycopg.Connection, offered: list[dict]) -> tuple[int, 
                 "message_ids": [r["current_message_id"] for r in offered],
             },
         ).fetchall()
-    # The lease itself, and the ending of expired leases it runs when it could not lease all.
+    # The lease itself, and what it runs when it could not lease all: the hand-back of held
+    # offers (migration 0021) and the ending of expired leases.
     nested = [
         p
         for p in plans
         if "WITH wanted AS" in p.get("Query Text", "")
         or "WITH ending AS" in p.get("Query Text", "")
+        or "media_hooks_parking_v2(true, now())" in p.get("Query Text", "")
     ]
     assert nested, [p.get("Query Text", "")[:80] for p in plans]
     return len(leased), {i for p in nested for i in _delivery_indexes(p["Plan"])}
+
+
+# By key, and, for the ordering rule (migration 0021), through one asset's open queue.
+BY_KEY = {"webhook_delivery_pkey", "webhook_delivery_asset_queue"}
 
 
 def _enqueued(conn: psycopg.Connection) -> list[dict]:
@@ -275,7 +281,7 @@ def _enqueued(conn: psycopg.Connection) -> list[dict]:
 
 
 def test_the_lease_looks_deliveries_up_by_key_whatever_the_statistics_say(stale):
-    assert _lease_indexes(stale, _enqueued(stale)) == (4, {"webhook_delivery_pkey"})
+    assert _lease_indexes(stale, _enqueued(stale)) == (4, BY_KEY)
 
 
 def test_a_takeover_looks_deliveries_up_by_key_whatever_the_statistics_say(stale):
@@ -302,6 +308,9 @@ def test_a_takeover_looks_deliveries_up_by_key_whatever_the_statistics_say(stale
     ending = [p for p in plans if "WITH ending AS" in p.get("Query Text", "")]
     assert len(taken) == 4 and ending
     assert {i for p in ending for i in _delivery_indexes(p["Plan"])} == {"webhook_delivery_pkey"}
+    # Before the ending, the hand-back of held offers (migration 0021) ran, by key as well.
+    handed = [p for p in plans if "media_hooks_parking_v2(true" in p.get("Query Text", "")]
+    assert handed and {i for p in handed for i in _delivery_indexes(p["Plan"])} <= BY_KEY
 
 
 def test_a_lease_plan_made_while_the_table_was_empty_stays_a_key_lookup(server_url, template_name):
@@ -318,7 +327,7 @@ def test_a_lease_plan_made_while_the_table_was_empty_stays_a_key_lookup(server_u
             assert _lease_indexes(conn, offered)[0] == 0  # the session's plan is made here
             add_deliveries(conn, "cdn", 20_000)
             claim_all(conn, "run-1", Cohort(), page_size=5000)
-            assert _lease_indexes(conn, _enqueued(conn)) == (4, {"webhook_delivery_pkey"})
+            assert _lease_indexes(conn, _enqueued(conn)) == (4, BY_KEY)
     finally:
         drop_database(server_url, name)
 

@@ -547,8 +547,6 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     def change_destination(self, destination, change) -> None:
         self._begin("change_destination")
-        if change == "ordering on" and not self._quiet(destination):
-            return
         conn = self.operator.conn
         actions = {
             "disable": lambda: destinations.disable_destination(conn, destination, "model"),
@@ -570,20 +568,6 @@ class ProtocolMachine(RuleBasedStateMachine):
             change, lambda: None
         )
         self._operate(actions[change], after)
-
-    def _quiet(self, destination: str) -> bool:
-        """Nothing of ``destination`` in flight, nor about to be. Ordering turned on while a
-        later delivery of an asset is in flight and an earlier one waits is a known hole (docs/
-        protocol-model.md, test_ordering.py::test_ordering_turned_on_with_a_later_delivery_in_flight):
-        until it is closed, the model turns ordering on only where nothing is in flight."""
-        if any(w.in_transaction or w.busy for w in self.workers):
-            return False
-        row = self.observer.execute(
-            "SELECT count(*) AS n FROM webhook_delivery "
-            "WHERE destination_id = %s AND state IN ('enqueued', 'leased')",
-            (destination,),
-        ).fetchone()
-        return row["n"] == 0
 
     # --- the invariants -----------------------------------------------------------------
 

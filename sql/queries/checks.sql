@@ -173,13 +173,23 @@ FROM bad;
 -- description: dispatched deliveries (enqueued or leased) of a destination that orders by asset
 --   while an earlier delivery of the same asset is not terminal or is dead without being closed
 --   (webhook_delivery_enqueued and _lease, then the asset's queue, webhook_delivery_asset_queue:
---   the rule of media_hooks_held_by_v2, migration 0013).
+--   the rule of media_hooks_held_by_v2, migration 0013). A dispatch made (enqueued) or an attempt
+--   started (leased) before ordering began on the destination (ordered_since, migration 0021)
+--   is not counted: it cannot be recalled, and the lease hands back what it had not sent.
 WITH bad AS (
     SELECT d.delivery_id
     FROM webhook_delivery AS d
     JOIN webhook_destination AS w ON w.destination_id = d.destination_id
     WHERE d.state IN ('enqueued', 'leased')
       AND w.ordering = 'asset'
+      AND NOT EXISTS (
+          SELECT 1 FROM dispatch_outbox AS o
+          WHERE d.state = 'enqueued' AND o.message_id = d.current_message_id
+            AND o.created_at < w.ordered_since)
+      AND NOT EXISTS (
+          SELECT 1 FROM delivery_attempt AS a
+          WHERE d.state = 'leased' AND a.delivery_id = d.delivery_id
+            AND a.attempt_no = d.attempt_count AND a.started_at < w.ordered_since)
       AND EXISTS (
           SELECT 1 FROM webhook_delivery AS e
           WHERE e.destination_id = d.destination_id

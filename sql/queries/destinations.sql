@@ -9,9 +9,22 @@ VALUES (%(destination_id)s, %(url)s)
 ON CONFLICT (destination_id) DO NOTHING
 RETURNING destination_id;
 
+-- name: destination_fence_leases
+-- description: before ordering is turned on, in the same transaction: the destination's limiter
+-- row locked until the change commits. Every lease with permits locks it first
+-- (media_hooks_lease_with_permits_v4), so a lease either ends before ordered_since is taken,
+-- its attempt started before it, or reads the destination after the change and applies the
+-- order (migration 0021); none leases under the old rule after ordered_since.
+-- keeps: invariant 10, and check_sent_out_of_order exact for what the lease sends.
+SELECT FROM media_hooks_lock_limiter_v1(%(destination_id)s);
+
 -- name: destination_update_given
 -- description: sets the URL and every option given (non-null); the others keep their values.
--- Secrets given replace the whole list (a rotation passes old and new together).
+-- Secrets given replace the whole list (a rotation passes old and new together). Ordering
+-- turned on records when (ordered_since, migration 0021), on the clock as the row is written,
+-- not the transaction's start.
+-- keeps: invariant 10 as check_sent_out_of_order reads it: a request sent before ordering began
+--   cannot be recalled, so it is not counted; every dispatch or attempt after it is.
 UPDATE webhook_destination
 SET url                  = %(url)s,
     secrets              = COALESCE(%(secrets)s::text[], secrets),
@@ -23,6 +36,8 @@ SET url                  = %(url)s,
     backoff_base_seconds = COALESCE(%(backoff_base_seconds)s::double precision, backoff_base_seconds),
     backoff_cap_seconds  = COALESCE(%(backoff_cap_seconds)s::double precision, backoff_cap_seconds),
     ordering             = COALESCE(%(ordering)s::text, ordering),
+    ordered_since        = CASE WHEN %(ordering)s::text = 'asset' AND ordering <> 'asset'
+                                THEN clock_timestamp() ELSE ordered_since END,
     coalescing           = COALESCE(%(coalescing)s::text, coalescing),
     allow_private_url    = COALESCE(%(allow_private_url)s::boolean, allow_private_url),
     updated_at           = now()

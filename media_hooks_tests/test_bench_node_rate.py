@@ -61,6 +61,10 @@ def test_node_rate_writes_well_formed_figures(server_url: str, tmp_path: Path):
             if metric == "server_cpu_ms_per_delivery" and not server_here:
                 continue
             summary = figures[metric]
+            if metric == "steady_per_second" and summary["n"] == 0:
+                # 40 deliveries to an instant receiver can all arrive in one scheduling
+                # burst: the middle of their span then holds too few starts for a rate.
+                continue
             assert summary["n"] == 1, (path, metric)
             assert summary["min"] <= summary["median"] <= summary["max"], (path, metric)
     assert {r["metric"] for r in document["ratios"]} >= {"per_second", "steady_per_second"}

@@ -85,11 +85,12 @@ def test_smoke_run_writes_a_well_formed_report(server_url: str, tmp_path: Path):
         assert path in deliver["figures"] or path in deliver["not_measured"], path
     assert deliver["figures"]["job"]["per_second"]["median"] > 0
     for figures in deliver["figures"].values():
-        # The delivering side's CPU is the machine's less the server's (and the receiver's).
+        # The delivering side's CPU is the machine's less the server's (and the receiver's);
+        # a path that barely touches the server (the bare requests loop) can round to equal.
         machine, client = (figures[f"{part}_cpu_ms_per_delivery"] for part in ("machine", "client"))
         assert 0 < machine["median"]
         if server_here:
-            assert 0 < client["median"] < machine["median"]
+            assert 0 < client["median"] <= machine["median"]
     latency = document["measurements"]["latency"]["figures"]["sensor"]
     assert latency["dagster_runs"]["median"] >= 1
 

@@ -262,9 +262,16 @@ def test_in_flight_reaches_the_destination_ceiling_and_never_exceeds_it(deliver,
     assert rate_limits.in_flight(conn, "cdn") == []
 
 
+# Arrival at the receiver adds the host's scheduling to the limiter's starts: on a loaded
+# 2-core machine, requests granted 25 ms apart were seen arriving bunched within a few ms. The
+# allowance keeps the test about the limiter (without one, 20 of the 24 arrive at once); how
+# closely starts follow the limit is the benchmark's to measure (its rate-fidelity section).
+ARRIVAL_JITTER_SECONDS = 0.1
+
+
 def test_starts_stay_within_the_rate_envelope(deliver, conn):
-    """The starts never exceed burst + rate·t at the receiver (20 ms of arrival jitter
-    allowed)."""
+    """The starts never exceed burst + rate·t at the receiver (beyond arrival jitter), and
+    the whole run takes at least the time the rate allows."""
     rate, burst, count = 40.0, 2, 24
     with Receiver(reply=Reply(delay_seconds=0.1)) as receiver:
         add_destination(
@@ -275,7 +282,9 @@ def test_starts_stay_within_the_rate_envelope(deliver, conn):
         starts = sorted(r.arrived_monotonic for r in receiver.requests)
     for i, first in enumerate(starts):
         for j in range(i + 1, len(starts)):
-            assert j - i + 1 <= burst + rate * (starts[j] - first + 0.02), (i, j)
+            allowed = burst + rate * (starts[j] - first + ARRIVAL_JITTER_SECONDS)
+            assert j - i + 1 <= allowed, (i, j)
+    assert starts[-1] - starts[0] >= (count - burst) / rate - ARRIVAL_JITTER_SECONDS
 
 
 # The SSRF guard ---------------------------------------------------------------------------------

@@ -6,14 +6,15 @@ proposed one (docs/design/hot-path.md), measured on throwaway databases.
 Both layouts go through the same life, one delivery at a time in pages, on one connection (no
 concurrency: this measures what each statement writes, not how fast): emit in transactions of
 1,000, then claim a page of 250 per destination, lease in steps of 25, record each step's
-outcomes (``--fail-percent`` of attempts retryable, due again at once, until they succeed),
-then purge every terminal delivery. For each phase: WAL bytes per delivery
+outcomes (``--fail-percent`` of attempts retryable, until they succeed: due again at once in
+``proposed``; in ``current``, whose record decides the backoff, after the shortest it honours,
+0.1 s, which the run waits for), then purge every terminal delivery. For each phase: WAL bytes per delivery
 (``pg_current_wal_lsn``), and for each table its inserts, updates, HOT updates and deletes;
 where the server has pg_walinspect with ``pg_get_wal_block_info`` (PostgreSQL 16 and later),
 the WAL of each phase by relation.
 
 - ``current``: the project's migrated schema and its own statements (``emit_many``,
-  ``claim_destination_page``, ``publish_messages``, ``lease_with_permits``, ``record``,
+  ``claim_destination_page``, ``publish_messages``, ``lease_with_permits``, ``record_classified``,
   ``purge_terminal_batch``).
 - ``proposed``: the prototype DDL below (a narrow hot row with no index on a column that
   changes; a narrow timer table for the claim and the sweeps; the immutable payload and body
@@ -384,7 +385,7 @@ def run_current(url: str, deliveries: int, fail_percent: int) -> dict[str, Any]:
     from media_hooks.outbox import claims, leases
     from media_hooks.outbox.cohort import Cohort
     from media_hooks.outbox.emit import Event, emit_many
-    from media_hooks.outbox.leases import Outcome
+    from media_hooks.outbox.leases import Classified
     from media_hooks.store.sqlfiles import query
 
     destinations = [f"dest-{n}" for n in range(1, DESTINATIONS + 1)]
@@ -392,6 +393,10 @@ def run_current(url: str, deliveries: int, fail_percent: int) -> dict[str, Any]:
         url, [Destination(d, f"http://127.0.0.1:9/{d}", max_in_flight=STEP) for d in destinations]
     )
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        # The database decides when a retry is due: the shortest backoff it honours (0.1 s).
+        conn.execute(
+            "UPDATE webhook_destination SET backoff_base_seconds = 0.1, backoff_cap_seconds = 0.1"
+        )
         meter = Meter(conn, TABLES_CURRENT)
 
         def emit() -> None:
@@ -430,13 +435,20 @@ def run_current(url: str, deliveries: int, fail_percent: int) -> dict[str, Any]:
                             attempts[0] += 1
                             outcome = _outcome(attempts[0], fail_percent)
                             outcomes.append(
-                                Outcome(lease, outcome, 200 if outcome == "success" else 500,
-                                        None if outcome == "success" else "HTTP 500", None, 0.0,
-                                        None, time.monotonic())
+                                Classified(lease, outcome, 200 if outcome == "success" else 500,
+                                           None, None if outcome == "success" else "HTTP 500",
+                                           None, time.monotonic())
                             )  # fmt: skip
-                        leases.record(conn, outcomes)
+                        leases.record_classified(conn, outcomes)
                 if moved == 0:
-                    return
+                    # Nothing due: done, unless retries wait for their backoff.
+                    wait = conn.execute(
+                        "SELECT extract(epoch FROM min(next_attempt_at) - now()) AS s"
+                        " FROM webhook_delivery WHERE state = 'pending'"
+                    ).fetchone()["s"]
+                    if wait is None:
+                        return
+                    time.sleep(max(float(wait), 0.0))
 
         def purge() -> None:
             while True:

@@ -6,9 +6,10 @@ One destination, ``--rows`` due deliveries whose statistics were taken while the
 pending (as right after a claim in production: autovacuum has not caught up), then, on one
 connection and one thread: the claim, the relay, ``lease_with_permits`` in steps of
 ``--lease-batch`` (a worker's step: permits, release and lease in one call), and
-``record_outcomes`` in batches of ``--record-batch``. The server's CPU time is read from
-/proc for that connection's backend, so the figures are the database's own work, not the
-client's. Writes bench/results/statements.json.
+``record_classified_outcomes`` (``leases.record_classified``: the database decides each next
+state) in batches of ``--record-batch``: the statements this release's workers run. The
+server's CPU time is read from /proc for that connection's backend, so the figures are the
+database's own work, not the client's. Writes bench/results/statements.json.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from bench.scratch import (
 from media_hooks.outbox import leases
 from media_hooks.outbox.claims import claim_destination_page
 from media_hooks.outbox.cohort import Cohort
-from media_hooks.outbox.leases import Lease, Message, Outcome
+from media_hooks.outbox.leases import Classified, Lease, Message
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -100,10 +101,10 @@ def main() -> None:
                 now = time.monotonic()
                 for start in range(0, len(taken), m):
                     outcomes = [
-                        Outcome(lease, "success", 200, None, '{"ok": true}', 0, None, now)
+                        Classified(lease, "success", 200, None, None, '{"ok": true}', now)
                         for lease in taken[start : start + m]
                     ]
-                    leases.record(conn, outcomes)
+                    leases.record_classified(conn, outcomes)
                 return math.ceil(len(taken) / m)
 
             figures: dict[str, dict[str, float]] = {}
@@ -111,7 +112,7 @@ def main() -> None:
                 ("claim", claim, rows),
                 ("publish", publish, rows),
                 (f"lease_with_permits_{k}_per_call", lease, rows),
-                (f"record_outcomes_{m}_per_call", record, rows),
+                (f"record_classified_outcomes_{m}_per_call", record, rows),
             ):
                 cpu, wall, calls = measured(pid, work)
                 figures[name] = {
@@ -123,7 +124,7 @@ def main() -> None:
             assert len(taken) == rows
     result = {"rows": rows, "statements": figures}
     for name, values in figures.items():
-        print(f"{name:32} {values}")
+        print(f"{name:40} {values}")
     print(f"written to {write_results('statements', result)}")
 
 

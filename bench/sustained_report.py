@@ -309,7 +309,7 @@ METRICS: dict[str, tuple[str, str, Callable[[list[dict]], dict]]] = {
     ),
     "claim_latency": ("Claim (claim_destination_page)", "ms", _percentiles("claim")),
     "lease_latency": ("Lease step (lease_with_permits)", "ms", _percentiles("lease")),
-    "record_latency": ("Record (record_outcomes)", "ms", _percentiles("record")),
+    "record_latency": ("Record (record_classified)", "ms", _percentiles("record")),
     "wal_per_delivery": (
         "WAL per delivery", "bytes",
         lambda _: {

@@ -10,7 +10,11 @@ from psycopg import sql
 
 from media_hooks.outbox.claims import ClaimFigures, claim_destination_page, due_destinations
 from media_hooks.outbox.cohort import Cohort
-from media_hooks.outbox.leases import Message, publish_messages
+from media_hooks.outbox.leases import Lease, Message, lease_with_permits, publish_messages
+
+# Limits that never hold back a test's leases: for tests of the row protocol, leasing through the
+# worker's step (``lease_all``) as often as they like; what the limits do is tested on its own.
+ROOMY = {"rate_per_second": 1000.0, "burst": 1000, "max_in_flight": 1000}
 
 
 def add_destination(
@@ -135,3 +139,39 @@ def claim_and_publish(
             publish_messages(conn, page)
             messages += page
     return messages
+
+
+def lease_all(
+    conn: psycopg.Connection, run_id: str, messages: list[Message], lease_seconds: float = 90.0
+) -> list[Lease]:
+    """Leases ``messages`` the way a worker does, through its step (``lease_with_permits``,
+    holding a permit as ``run_id`` for each lease), one step per destination, in order; the
+    leases of the offers still theirs to send. Each destination must admit every offer in that
+    one step (enabled, not paused, slots and starts enough: ``ROOMY``)."""
+    if not messages:
+        return []
+    rows = conn.execute(
+        "SELECT delivery_id, destination_id FROM webhook_delivery WHERE delivery_id = ANY (%s)",
+        ([m.delivery_id for m in messages],),
+    ).fetchall()
+    destination_of = {r["delivery_id"]: r["destination_id"] for r in rows}
+    offers: dict[str, list[Message]] = {}
+    for message in messages:
+        offers.setdefault(destination_of[message.delivery_id], []).append(message)
+    taken: list[Lease] = []
+    for destination_id, offered in offers.items():
+        step = lease_with_permits(
+            conn,
+            run_id,
+            destination_id,
+            offered,
+            holder=run_id,
+            lease_seconds=lease_seconds,
+            release_slots=[],
+        )
+        assert step.examined == len(offered), (
+            f"{destination_id} admitted {step.examined} of {len(offered)} offers "
+            f"({step.grant.reason}): give the test's destination room (ROOMY)"
+        )
+        taken += step.leases
+    return taken

@@ -11,24 +11,29 @@ import psycopg
 from media_hooks.outbox import leases, rate_limits
 from media_hooks.outbox.cohort import Cohort
 from media_hooks.outbox.destinations import disable_destination
-from media_hooks.outbox.leases import Lease, Outcome
+from media_hooks.outbox.leases import Classified, Lease
 from media_hooks.outbox.maintenance.requeue import requeue
-from media_hooks_tests.factories import add_deliveries, add_destination, claim_and_publish
+from media_hooks_tests.factories import (
+    ROOMY,
+    add_deliveries,
+    add_destination,
+    claim_and_publish,
+    lease_all,
+)
 
 RUN = "run-prepared-1"
 LONG_LEASE = 300.0
 SHORT_LEASE = 0.2
 
 
-def _outcome(lease: Lease, outcome: str, status: int | None, error: str | None, delay: float):
-    return Outcome(
+def _answer(lease: Lease, outcome: str, status: int, error: str | None) -> Classified:
+    return Classified(
         lease=lease,
         outcome=outcome,
         http_status=status,
+        retry_after_seconds=None,
         error=error,
         response_excerpt='{"ok": true}' if outcome == "success" else None,
-        delay_seconds=delay,
-        delay_reason=f"backoff {delay:.0f} s after attempt {lease.attempt_no} ({outcome})",
         finished_monotonic=time.monotonic(),
     )
 
@@ -51,21 +56,24 @@ def prepare(conn: psycopg.Connection) -> dict[str, str]:
 
     Destinations: ``alpha`` (sending), ``beta`` (paused for an hour), ``gamma`` (disabled).
     """
-    for name in ("alpha", "beta", "gamma"):
+    # alpha: room for its six leases at once, and a failed attempt waits about ten minutes
+    # (the database's backoff with its jitter: 480 to 720 s).
+    add_destination(conn, "alpha", "http://127.0.0.1:9/alpha", **ROOMY, backoff_base_seconds=600)
+    for name in ("beta", "gamma"):
         add_destination(conn, name, f"http://127.0.0.1:9/{name}")
     ids = add_deliveries(conn, "alpha", 7, prefix="a")
     published = claim_and_publish(conn, RUN, Cohort(destination_ids=("alpha",)))
     by_id = {m.delivery_id: m for m in published}
-    held = leases.lease(conn, RUN, [by_id[i] for i in ids[:4]] + [by_id[ids[6]]], LONG_LEASE)
-    (short,) = leases.lease(conn, RUN, [by_id[ids[4]]], SHORT_LEASE)
+    held = lease_all(conn, RUN, [by_id[i] for i in ids[:4]] + [by_id[ids[6]]], LONG_LEASE)
+    (short,) = lease_all(conn, RUN, [by_id[ids[4]]], SHORT_LEASE)
     lease_of = {lease.delivery_id: lease for lease in held}
-    leases.record(
+    leases.record_classified(
         conn,
         [
-            _outcome(lease_of[ids[0]], "success", 200, None, 0),
-            _outcome(lease_of[ids[1]], "rejected", 422, "HTTP 422 Unprocessable Entity", 0),
-            _outcome(lease_of[ids[2]], "retryable", 500, "HTTP 500 Internal Server Error", 600),
-            _outcome(lease_of[ids[6]], "rejected", 404, "HTTP 404 Not Found", 0),
+            _answer(lease_of[ids[0]], "success", 200, None),
+            _answer(lease_of[ids[1]], "rejected", 422, "HTTP 422 Unprocessable Entity"),
+            _answer(lease_of[ids[2]], "retryable", 500, "HTTP 500 Internal Server Error"),
+            _answer(lease_of[ids[6]], "rejected", 404, "HTTP 404 Not Found"),
         ],
     )
     requeue(

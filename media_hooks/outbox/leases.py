@@ -35,27 +35,6 @@ class Lease:
 
 
 @dataclass(frozen=True)
-class Outcome:
-    """What one leased attempt came to, and when the delivery should be tried next.
-
-    ``finished_monotonic`` is when the attempt ended on this process's monotonic clock: the
-    stored finish time is the database clock less how long ago that was. ``spare``: the attempt
-    does not count (a configuration fault, nothing sent): its retry budget is given back and the
-    delivery stays pending whatever its budget and age.
-    """
-
-    lease: Lease
-    outcome: str
-    http_status: int | None
-    error: str | None
-    response_excerpt: str | None
-    delay_seconds: float
-    delay_reason: str | None
-    finished_monotonic: float
-    spare: bool = False
-
-
-@dataclass(frozen=True)
 class Classified:
     """What one leased attempt came to, as the runtime saw it: the contract's outcome class
     and the answer's facts, nothing decided (media_hooks_record_outcomes_v1, migration 0017,
@@ -64,7 +43,9 @@ class Classified:
     ``retry_after_seconds`` is the answer's Retry-After as parsed (None: absent or unusable);
     ``attempted`` False: the request was never started (the worker stopped between lease and
     send); ``configuration_fault``: the SSRF guard refused the address at connect time. Either
-    gives the attempt's unit of retry budget back. ``finished_monotonic`` as in ``Outcome``.
+    gives the attempt's unit of retry budget back. ``finished_monotonic`` is when the attempt
+    ended on this process's monotonic clock: the stored finish time is the database clock less
+    how long ago that was.
     """
 
     lease: Lease
@@ -110,24 +91,6 @@ def publish_messages(conn: psycopg.Connection, messages: list[Message]) -> None:
     """Mark messages a worker claimed itself as handed to its sender."""
     if messages:
         conn.execute(query("publish_messages"), {"message_ids": [m.message_id for m in messages]})
-
-
-def lease(
-    conn: psycopg.Connection, run_id: str, messages: list[Message], lease_seconds: float
-) -> list[Lease]:
-    """Lease the deliveries of ``messages`` that are still theirs to send; skips the rest."""
-    if not messages:
-        return []
-    rows = conn.execute(
-        query("lease_deliveries"),
-        {
-            "run_id": run_id,
-            "lease_seconds": lease_seconds,
-            "delivery_ids": [m.delivery_id for m in messages],
-            "message_ids": [m.message_id for m in messages],
-        },
-    ).fetchall()
-    return [_lease(r) for r in rows]
 
 
 def _lease(row: dict) -> Lease:
@@ -184,7 +147,12 @@ def lease_with_permits(
 
 
 def record_classified(conn: psycopg.Connection, outcomes: list[Classified]) -> Recorded:
-    """Record classified outcomes; the database decides every next state (one round trip)."""
+    """Record classified outcomes; the database decides every next state (one round trip).
+
+    The batch goes as one JSON document: psycopg dumps a Python list element by element in
+    Python, and ten parallel arrays of 25 outcomes took the worker 400 us a batch, one JSON
+    document 120 us.
+    """
     if not outcomes:
         return Recorded({}, None)
     now = time.monotonic()
@@ -208,43 +176,6 @@ def _classified_json(outcome: Classified, now: float) -> dict[str, object]:
         "finished_ago": now - outcome.finished_monotonic,
         "attempted": outcome.attempted,
         "configuration_fault": outcome.configuration_fault,
-    }
-
-
-def record(conn: psycopg.Connection, outcomes: list[Outcome]) -> dict[str, str]:
-    """Record outcomes with the delays given (the previous release's recording: this
-    release's worker uses ``record_classified``); returns {delivery_id: new state} for the
-    ones whose lease still held."""
-    if not outcomes:
-        return {}
-    rows = conn.execute(
-        query("record_outcomes"), {"outcomes": outcomes_document(outcomes)}
-    ).fetchall()
-    return {row["delivery_id"]: row["state"] for row in rows}
-
-
-def outcomes_document(outcomes: list[Outcome]) -> Jsonb:
-    """record_outcomes' parameter: the batch as one JSON array of objects.
-
-    psycopg dumps a Python list element by element in Python: ten parallel arrays of 25
-    outcomes took the worker 400 us a batch, one JSON document 120 us.
-    """
-    now = time.monotonic()
-    return Jsonb([_as_json(o, now) for o in outcomes])
-
-
-def _as_json(outcome: Outcome, now: float) -> dict[str, object]:
-    return {
-        "delivery_id": outcome.lease.delivery_id,
-        "lease_token": str(outcome.lease.lease_token),
-        "outcome": outcome.outcome,
-        "http_status": outcome.http_status,
-        "error": outcome.error,
-        "excerpt": outcome.response_excerpt,
-        "delay": outcome.delay_seconds,
-        "delay_reason": outcome.delay_reason,
-        "finished_ago": now - outcome.finished_monotonic,
-        "spare": outcome.spare,
     }
 
 

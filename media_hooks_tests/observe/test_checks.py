@@ -10,39 +10,43 @@ import psycopg
 import pytest
 
 from media_hooks.observe import checks
-from media_hooks.outbox import rate_limits
+from media_hooks.outbox import leases, rate_limits
 from media_hooks.outbox.cohort import Cohort
-from media_hooks.outbox.leases import Outcome, lease, record
+from media_hooks.outbox.leases import Classified
 from media_hooks_tests.factories import (
+    ROOMY,
     add_deliveries,
     add_destination,
     claim_all,
     claim_and_publish,
+    lease_all,
 )
 
 
-def _finish(conn: psycopg.Connection, leases, outcome: str, status: int) -> None:
+def _finish(conn: psycopg.Connection, taken, outcome: str, status: int) -> None:
     now = time.monotonic()
-    record(conn, [Outcome(le, outcome, status, None, None, 0.0, None, now) for le in leases])
+    leases.record_classified(
+        conn, [Classified(le, outcome, status, None, None, None, now) for le in taken]
+    )
 
 
 def _send(conn: psycopg.Connection, run_id: str) -> dict:
     """Claim everything due into ``run_id`` and lease all of it: {delivery_id: lease}."""
     messages = claim_and_publish(conn, run_id)
-    return {le.delivery_id: le for le in lease(conn, run_id, messages, 90)}
+    return {le.delivery_id: le for le in lease_all(conn, run_id, messages)}
 
 
 @pytest.fixture
 def history(conn) -> psycopg.Connection:
     """Every state, made by the engine: d-pub-1, 2 succeeded; 3 succeeded on its second attempt
-    after a retryable one; 4 rejected (dead); 5-7 leased; 8-10 enqueued; a tombstone; a permit
-    held."""
-    add_destination(conn, "pub")
+    after a retryable one; 4 rejected (dead); 5-7 leased; 8-10 enqueued; a tombstone; permits
+    held (the leases' and one more)."""
+    add_destination(conn, "pub", **ROOMY)
     add_deliveries(conn, "pub", 7)
     leased = _send(conn, "run-1")
     _finish(conn, [leased["d-pub-1"], leased["d-pub-2"]], "success", 200)
     _finish(conn, [leased["d-pub-3"]], "retryable", 500)
-    _finish(conn, [leased["d-pub-4"]], "rejected", 410)
+    _finish(conn, [leased["d-pub-4"]], "rejected", 422)
     conn.execute("UPDATE webhook_delivery SET next_attempt_at = now() WHERE state = 'pending'")
     again = _send(conn, "run-2")
     _finish(conn, [again["d-pub-3"]], "success", 200)

@@ -89,7 +89,7 @@ def test_a_retried_delivery_gets_a_new_outbox_row_and_keeps_its_id(conn):
     add_destination(conn, "cdn")
     (delivery_id,) = add_deliveries(conn, "cdn", 1)
     claim_all(conn, "run-1", Cohort())
-    # The first dispatch failed and was scheduled again (as record_outcomes does).
+    # The first dispatch failed and was scheduled again (as record_classified_outcomes does).
     conn.execute(
         "UPDATE webhook_delivery SET state = 'pending', next_attempt_at = now() WHERE delivery_id = %s",
         (delivery_id,),

@@ -4,7 +4,6 @@ docs/architecture.md)."""
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
 
 import psycopg
 import pytest
@@ -14,11 +13,19 @@ from media_hooks.core.config import Settings
 from media_hooks.core.errors import UserError
 from media_hooks.outbox import leases, rate_limits
 from media_hooks.outbox.cohort import Cohort
-from media_hooks.outbox.leases import Message, Outcome
+from media_hooks.outbox.leases import Classified, Lease, Message
 from media_hooks.outbox.maintenance import sweeps
 from media_hooks.outbox.maintenance.requeue import requeue
 from media_hooks.store.sqlfiles import query
-from media_hooks_tests.factories import add_deliveries, add_destination, claim_all, delivery, states
+from media_hooks_tests.factories import (
+    ROOMY,
+    add_deliveries,
+    add_destination,
+    claim_all,
+    delivery,
+    lease_all,
+    states,
+)
 from media_hooks_tests.interleaving import (
     in_background,
     open_session,
@@ -34,28 +41,14 @@ def _messages(conn, run_id: str) -> list[Message]:
     return [Message(r["message_id"], r["delivery_id"]) for r in rows]
 
 
-def _outcome(
-    lease,
-    outcome: str,
-    *,
-    status: int | None = None,
-    delay: float = 30.0,
-    reason: str | None = "backoff",
-) -> Outcome:
-    return Outcome(
-        lease,
-        outcome,
-        status,
-        None if outcome == "success" else f"HTTP {status}",
-        None,
-        delay,
-        reason,
-        time.monotonic(),
-    )
+def _answer(lease: Lease, outcome: str, status: int | None) -> Classified:
+    """The runtime's word on one attempt; the database decides what follows."""
+    error = None if outcome == "success" else f"HTTP {status}"
+    return Classified(lease, outcome, status, None, error, None, time.monotonic())
 
 
 def _dispatch(conn, count: int = 1, run_id: str = "run-1", **limits) -> list[Message]:
-    add_destination(conn, "cdn", **limits)
+    add_destination(conn, "cdn", **{**ROOMY, **limits})
     add_deliveries(conn, "cdn", count)
     claim_all(conn, run_id, Cohort())
     return _messages(conn, run_id)
@@ -70,7 +63,7 @@ def _expire(conn, delivery_id: str) -> None:
 
 def test_lease_opens_an_attempt_and_success_is_terminal(conn):
     (message,) = _dispatch(conn)
-    (lease,) = leases.lease(conn, "run-1", [message], lease_seconds=90)
+    (lease,) = lease_all(conn, "run-1", [message])
     row = delivery(conn, message.delivery_id)
     assert (row["state"], row["attempt_count"], row["lease_token"]) == (
         "leased",
@@ -80,7 +73,7 @@ def test_lease_opens_an_attempt_and_success_is_terminal(conn):
     attempt = conn.execute("SELECT * FROM delivery_attempt").fetchone()
     assert (attempt["attempt_no"], attempt["run_id"], attempt["finished_at"]) == (1, "run-1", None)
 
-    assert leases.record(conn, [_outcome(lease, "success", status=200)]) == {
+    assert leases.record_classified(conn, [_answer(lease, "success", 200)]).states == {
         message.delivery_id: "succeeded"
     }
     row = delivery(conn, message.delivery_id)
@@ -89,28 +82,28 @@ def test_lease_opens_an_attempt_and_success_is_terminal(conn):
     assert (attempt["outcome"], attempt["http_status"]) == ("success", 200)
     assert attempt["finished_at"] is not None
     # Invariant 4: a terminal row is never leased again, even through its old message.
-    assert leases.lease(conn, "run-1", [message], lease_seconds=90) == []
+    assert lease_all(conn, "run-1", [message]) == []
 
 
 def test_a_message_is_leased_once_even_when_handed_over_twice(conn):
     (message,) = _dispatch(conn)
-    first = leases.lease(conn, "run-1", [message], lease_seconds=90)
-    second = leases.lease(conn, "run-1", [message], lease_seconds=90)
+    first = lease_all(conn, "run-1", [message])
+    second = lease_all(conn, "run-1", [message])
     assert len(first) == 1 and second == []
 
 
 def test_fencing_a_late_worker_cannot_overwrite_a_newer_lease(conn):
     """Invariant 4: A's lease expires, B claims and succeeds, A's late failure changes nothing."""
     (message,) = _dispatch(conn)
-    (lease_a,) = leases.lease(conn, "run-1", [message], lease_seconds=90)
+    (lease_a,) = lease_all(conn, "run-1", [message])
     _expire(conn, message.delivery_id)
-    (lease_b,) = leases.lease(conn, "run-2", [message], lease_seconds=90)
+    (lease_b,) = lease_all(conn, "run-2", [message])
     assert lease_b.lease_token != lease_a.lease_token and lease_b.attempt_no == 2
 
-    assert leases.record(conn, [_outcome(lease_b, "success", status=200)]) == {
+    assert leases.record_classified(conn, [_answer(lease_b, "success", 200)]).states == {
         message.delivery_id: "succeeded"
     }
-    assert leases.record(conn, [_outcome(lease_a, "retryable", status=500)]) == {}
+    assert leases.record_classified(conn, [_answer(lease_a, "retryable", 500)]).states == {}
     row = delivery(conn, message.delivery_id)
     assert (row["state"], row["last_outcome"]) == ("succeeded", "success")
 
@@ -120,8 +113,8 @@ def test_a_stale_message_is_skipped_after_a_new_dispatch(conn):
     sweeps.release_run(conn, "run-1")
     claim_all(conn, "run-2", Cohort())
     (new,) = _messages(conn, "run-2")
-    assert leases.lease(conn, "run-1", [old], lease_seconds=90) == []
-    assert len(leases.lease(conn, "run-2", [new], lease_seconds=90)) == 1
+    assert lease_all(conn, "run-1", [old]) == []
+    assert len(lease_all(conn, "run-2", [new])) == 1
 
 
 @pytest.mark.parametrize(
@@ -136,61 +129,20 @@ def test_a_stale_message_is_skipped_after_a_new_dispatch(conn):
 )
 def test_outcome_moves_the_delivery_as_the_contract_says(conn, outcome, status, state):
     (message,) = _dispatch(conn)
-    (lease,) = leases.lease(conn, "run-1", [message], lease_seconds=90)
-    before = datetime.now(UTC)
-    assert leases.record(conn, [_outcome(lease, outcome, status=status, delay=120)]) == {
-        message.delivery_id: state
-    }
+    (lease,) = lease_all(conn, "run-1", [message])
+    recorded = leases.record_classified(conn, [_answer(lease, outcome, status)])
+    assert recorded.states == {message.delivery_id: state}
     row = delivery(conn, message.delivery_id)
-    if state == "pending":
-        assert (row["next_attempt_at"] - before).total_seconds() == pytest.approx(120, abs=5)
-        assert row["wait_reason"] == "backoff"
+    if state == "pending":  # after a wait the database chose (test_state_machine_in_sql: which)
+        assert row["next_attempt_at"] > row["updated_at"]
 
 
-def test_retry_budget_ends_in_dead_but_rate_limits_do_not_spend_it(conn):
-    (message,) = _dispatch(conn, max_attempts=2)
-    for _ in range(3):  # rate-limited answers give their budget back
-        (lease,) = leases.lease(conn, "run-1", [message], lease_seconds=90)
-        assert (
-            leases.record(conn, [_outcome(lease, "rate_limited", status=429, delay=0)])[
-                message.delivery_id
-            ]
-            == "pending"
-        )
-    (lease,) = leases.lease(conn, "run-1", [message], lease_seconds=90)
-    assert (
-        leases.record(conn, [_outcome(lease, "retryable", status=500, delay=0)])[
-            message.delivery_id
-        ]
-        == "pending"
-    )
-    (lease,) = leases.lease(conn, "run-1", [message], lease_seconds=90)
-    assert (
-        leases.record(conn, [_outcome(lease, "retryable", status=500, delay=0)])[
-            message.delivery_id
-        ]
-        == "dead"
-    )
-    row = delivery(conn, message.delivery_id)
-    assert row["attempt_count"] == 5
-    assert row["wait_reason"] == "dead: retry budget spent (2 attempts)"
-
-
-def test_maximum_age_ends_every_delivery(conn):
-    (message,) = _dispatch(conn, max_age_seconds=60)
-    conn.execute("UPDATE webhook_delivery SET budget_started_at = now() - interval '2 minutes'")
-    (lease,) = leases.lease(conn, "run-1", [message], lease_seconds=90)
-    assert leases.record(conn, [_outcome(lease, "rate_limited", status=429)]) == {
-        message.delivery_id: "dead"
-    }
-    assert delivery(conn, message.delivery_id)["wait_reason"].startswith(
-        "dead: older than the maximum delivery age"
-    )
+# The retry budget and the maximum age: test_state_machine_in_sql.
 
 
 def test_expired_leases_are_swept_back_to_pending_with_the_attempt_marked_ambiguous(conn):
     messages = _dispatch(conn, count=3)
-    taken = leases.lease(conn, "run-1", messages, lease_seconds=90)
+    taken = lease_all(conn, "run-1", messages)
     _expire(conn, taken[0].delivery_id)
 
     assert sweeps.sweep_expired_leases(conn) == 1
@@ -207,7 +159,7 @@ def test_expired_leases_are_swept_back_to_pending_with_the_attempt_marked_ambigu
     assert (attempt["outcome"], attempt["retry_reason"]) == ("ambiguous", "lease expiry")
     assert states(conn) == {"pending": 1, "leased": 2}
     # The lost worker's late report is fenced out.
-    assert leases.record(conn, [_outcome(taken[0], "success", status=200)]) == {}
+    assert leases.record_classified(conn, [_answer(taken[0], "success", 200)]).states == {}
 
 
 def test_stale_enqueues_are_swept_after_the_timeout(conn):
@@ -225,7 +177,7 @@ def test_release_run_moves_exactly_that_runs_rows(conn):
     claim_all(conn, "run-a", Cohort())
     add_deliveries(conn, "cdn", 2, prefix="b")
     claim_all(conn, "run-b", Cohort())
-    leases.lease(conn, "run-a", _messages(conn, "run-a")[:1], lease_seconds=90)
+    lease_all(conn, "run-a", _messages(conn, "run-a")[:1])
 
     assert sweeps.release_run(conn, "run-a") == 3
     rows = conn.execute("SELECT delivery_id, state FROM webhook_delivery ORDER BY 1").fetchall()
@@ -285,11 +237,9 @@ def test_circuit_breaker_disables_a_destination_whose_every_attempt_failed(conn)
 
 def test_requeue_dead_letters_with_a_fresh_budget_and_an_audit_row(conn):
     (message,) = _dispatch(conn, max_attempts=1)
-    (lease,) = leases.lease(conn, "run-1", [message], lease_seconds=90)
-    assert (
-        leases.record(conn, [_outcome(lease, "retryable", status=500)])[message.delivery_id]
-        == "dead"
-    )
+    (lease,) = lease_all(conn, "run-1", [message])
+    recorded = leases.record_classified(conn, [_answer(lease, "retryable", 500)])
+    assert recorded.states == {message.delivery_id: "dead"}
 
     preview = requeue(conn, Cohort(), reason="receiver fixed", requested_by="oncall", dry_run=True)
     assert (preview.matched, preview.moved, preview.by_state) == (1, 0, {"dead": 1})
@@ -355,7 +305,7 @@ def test_a_deliverys_identity_cannot_be_updated(conn, column, value):
 def test_a_lease_token_exists_only_while_leased(conn):
     """The token alone fences an outcome, so no row outside 'leased' may keep one."""
     (message,) = _dispatch(conn)
-    leases.lease(conn, "run-1", [message], lease_seconds=90)
+    lease_all(conn, "run-1", [message])
     with pytest.raises(psycopg.errors.CheckViolation, match="lease_only_while_leased"):
         conn.execute(
             "UPDATE webhook_delivery SET state = 'pending' WHERE delivery_id = %s",
@@ -384,7 +334,7 @@ def _take_over(conn, message: Message, run_id: str = "run-2") -> list:
 
 def test_a_lease_takeover_closes_the_abandoned_attempt_as_ambiguous(conn):
     (message,) = _dispatch(conn)
-    (first,) = leases.lease(conn, "run-1", [message], lease_seconds=90)
+    (first,) = lease_all(conn, "run-1", [message])
     _expire(conn, message.delivery_id)
 
     (second,) = _take_over(conn, message)
@@ -403,7 +353,7 @@ def test_a_lease_takeover_closes_the_abandoned_attempt_as_ambiguous(conn):
 def test_a_takeover_applies_the_budget_and_age_rules_like_the_sweep(conn, rule):
     limits = {"max_attempts": 1} if rule == "budget" else {"max_age_seconds": 60}
     (message,) = _dispatch(conn, **limits)
-    leases.lease(conn, "run-1", [message], lease_seconds=90)
+    lease_all(conn, "run-1", [message])
     _expire(conn, message.delivery_id)
     if rule == "age":
         conn.execute("UPDATE webhook_delivery SET budget_started_at = now() - interval '2 minutes'")
@@ -417,13 +367,13 @@ def test_a_takeover_applies_the_budget_and_age_rules_like_the_sweep(conn, rule):
     )
     (abandoned,) = _attempts(conn, message.delivery_id)
     assert abandoned["outcome"] == "ambiguous"
-    # No permit is kept for a delivery that was not leased.
-    assert rate_limits.in_flight(conn, "cdn") == []
+    # No permit is kept for a delivery that was not leased: run-1's lease holds the only one.
+    assert [s["mine"] for s in rate_limits.in_flight(conn, "cdn", "run-2")] == [False]
 
 
 def test_the_sweep_applies_the_age_rule_too(conn):
     (message,) = _dispatch(conn, max_age_seconds=60)
-    leases.lease(conn, "run-1", [message], lease_seconds=90)
+    lease_all(conn, "run-1", [message])
     _expire(conn, message.delivery_id)
     conn.execute("UPDATE webhook_delivery SET budget_started_at = now() - interval '2 minutes'")
     assert sweeps.sweep_expired_leases(conn) == 1
@@ -435,11 +385,11 @@ def test_a_takeover_and_the_sweep_interleaved_close_the_attempt_once(conn, datab
     The sweep must not touch the row T1 holds, and T1's commit leaves attempt 1 closed as
     ambiguous exactly once and attempt 2 open under T1's token."""
     (message,) = _dispatch(conn)
-    leases.lease(conn, "run-1", [message], lease_seconds=90)
+    lease_all(conn, "run-1", [message])
     _expire(conn, message.delivery_id)
 
     with open_session(database_url) as taker:
-        (second,) = leases.lease(taker, "run-2", [message], lease_seconds=90)
+        (second,) = lease_all(taker, "run-2", [message])
         with open_session(database_url, autocommit=True) as sweeper:
             assert sweeps.sweep_expired_leases(sweeper) == 0  # SKIP LOCKED: T1's row
         taker.commit()
@@ -455,7 +405,7 @@ def test_a_sweep_and_a_takeover_interleaved_end_the_lease_once(conn, database_ur
     takeover (T2) meanwhile leaves the row to T1 (it neither waits nor ends it again). Once T1
     commits, the delivery is due and the next offer leases it: attempt 1 closed once."""
     (message,) = _dispatch(conn)
-    leases.lease(conn, "run-1", [message], lease_seconds=90)
+    lease_all(conn, "run-1", [message])
     _expire(conn, message.delivery_id)
 
     with (
@@ -463,11 +413,11 @@ def test_a_sweep_and_a_takeover_interleaved_end_the_lease_once(conn, database_ur
         open_session(database_url, autocommit=True) as taker,
     ):
         assert sweeps.sweep_expired_leases(sweeper) == 1
-        with in_background(lambda: leases.lease(taker, "run-2", [message], 90)) as taken:
+        with in_background(lambda: lease_all(taker, "run-2", [message])) as taken:
             wait_until_blocked(conn, taker.info.backend_pid, taken)
             sweeper.commit()
         assert taken.result() == []
-        (second,) = leases.lease(taker, "run-2", [message], 90)
+        (second,) = lease_all(taker, "run-2", [message])
 
     abandoned, current = _attempts(conn, message.delivery_id)
     assert (abandoned["outcome"], abandoned["retry_reason"]) == ("ambiguous", "lease expiry")
@@ -479,7 +429,7 @@ def test_a_sweep_and_a_takeover_interleaved_end_the_lease_once(conn, database_ur
 
 def test_requeue_leaves_a_delivery_in_flight_alone_and_says_so(conn):
     (message,) = _dispatch(conn)
-    (lease,) = leases.lease(conn, "run-1", [message], lease_seconds=90)
+    (lease,) = lease_all(conn, "run-1", [message])
 
     preview = requeue(
         conn, Cohort(), states=("leased", "dead"), reason="r", requested_by="me", dry_run=True
@@ -490,14 +440,14 @@ def test_requeue_leaves_a_delivery_in_flight_alone_and_says_so(conn):
     assert (row["state"], row["lease_token"]) == ("leased", lease.lease_token)
     for result in (preview, done):
         assert (result.matched, result.in_flight, result.by_state) == (0, 1, {})
-    assert leases.record(conn, [_outcome(lease, "success", status=200)]) == {
+    assert leases.record_classified(conn, [_answer(lease, "success", 200)]).states == {
         message.delivery_id: "succeeded"
     }
 
 
 def test_requeue_of_an_expired_lease_closes_its_attempt_and_dry_run_agrees(conn):
     messages = _dispatch(conn, count=2)
-    taken = leases.lease(conn, "run-1", messages, lease_seconds=90)
+    taken = lease_all(conn, "run-1", messages)
     _expire(conn, taken[0].delivery_id)
 
     preview = requeue(
@@ -520,7 +470,7 @@ def test_requeue_waiting_on_a_row_being_leased_leaves_the_new_lease_alone(conn, 
     enqueued and leased rows (T2) waits for the row, then must see the lease and skip it."""
     (message,) = _dispatch(conn)
     with open_session(database_url) as worker, open_session(database_url) as operator:
-        (lease,) = leases.lease(worker, "run-1", [message], lease_seconds=90)
+        (lease,) = lease_all(worker, "run-1", [message])
         with in_background(
             lambda: requeue(
                 operator, Cohort(), states=("enqueued", "leased"), reason="r", requested_by="op"

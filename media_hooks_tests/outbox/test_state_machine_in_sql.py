@@ -26,15 +26,22 @@ from hypothesis import strategies as st
 from media_hooks.core import backoff
 from media_hooks.outbox import leases
 from media_hooks.outbox.cohort import Cohort
-from media_hooks.outbox.leases import Classified, Lease, Message, Outcome
-from media_hooks_tests.factories import add_deliveries, add_destination, claim_all, delivery
+from media_hooks.outbox.leases import Classified, Lease, Message
+from media_hooks_tests.factories import (
+    ROOMY,
+    add_deliveries,
+    add_destination,
+    claim_all,
+    delivery,
+    lease_all,
+)
 
 # Kolmogorov-Smirnov's c(alpha) at alpha = 0.001.
 KS_C = 1.95
 
 
 def _dispatch(conn, count: int = 1, destination: str = "cdn", **limits) -> list[Message]:
-    add_destination(conn, destination, **limits)
+    add_destination(conn, destination, **{**ROOMY, **limits})
     add_deliveries(conn, destination, count)
     claim_all(conn, "run-1", Cohort(destination_ids=(destination,)))
     rows = conn.execute(
@@ -46,7 +53,7 @@ def _dispatch(conn, count: int = 1, destination: str = "cdn", **limits) -> list[
 
 
 def _leased(conn, count: int = 1, **limits) -> list[Lease]:
-    return leases.lease(conn, "run-1", _dispatch(conn, count, **limits), lease_seconds=90)
+    return lease_all(conn, "run-1", _dispatch(conn, count, **limits))
 
 
 def _answer(
@@ -127,7 +134,7 @@ def test_the_backoff_doubles_with_each_failed_attempt_up_to_the_cap(conn):
     (message,) = _dispatch(conn, backoff_base_seconds=10, backoff_cap_seconds=30, max_attempts=9)
     bands = [(8, 12), (16, 24), (24, 30), (24, 30)]
     for low, high in bands:
-        (lease,) = leases.lease(conn, "run-1", [message], lease_seconds=90)
+        (lease,) = lease_all(conn, "run-1", [message])
         leases.record_classified(conn, [_answer(lease, "retryable", 503)])
         assert low - 1 <= _due_in(conn, message.delivery_id) <= high
         conn.execute("UPDATE webhook_delivery SET next_attempt_at = now()")
@@ -248,7 +255,7 @@ def test_the_retry_budget_ends_in_dead_but_rate_limits_do_not_spend_it(conn):
         ("retryable", 500, "dead"),
     ]
     for outcome, status, state in answers:
-        (lease,) = leases.lease(conn, "run-1", [message], lease_seconds=90)
+        (lease,) = lease_all(conn, "run-1", [message])
         answer = _answer(lease, outcome, status, retry_after=0 if status == 429 else None)
         assert leases.record_classified(conn, [answer]).states == {message.delivery_id: state}
         conn.execute("UPDATE webhook_delivery SET next_attempt_at = now() WHERE state = 'pending'")
@@ -273,9 +280,9 @@ def test_a_late_worker_records_nothing_but_its_answer_still_pauses(conn):
     """Invariant 4: a worker whose lease expired and was taken over moves nothing; the 429 it
     got is still the receiver's word about the destination."""
     (message,) = _dispatch(conn)
-    (late,) = leases.lease(conn, "run-1", [message], lease_seconds=90)
+    (late,) = lease_all(conn, "run-1", [message])
     conn.execute("UPDATE webhook_delivery SET lease_until = now() - interval '1 second'")
-    (current,) = leases.lease(conn, "run-2", [message], lease_seconds=90)
+    (current,) = lease_all(conn, "run-2", [message])
     recorded = leases.record_classified(conn, [_answer(late, "rate_limited", 429, retry_after=30)])
     assert recorded.states == {}
     row = delivery(conn, message.delivery_id)
@@ -404,69 +411,3 @@ def test_a_skewed_schedule_would_be_caught(conn):
     rng = random.Random(5)
     skewed = [rng.uniform(8, 10) for _ in range(400)]
     assert _ks_uniform(skewed, 8, 12) >= KS_C / math.sqrt(400)
-
-
-# The previous release on this schema ----------------------------------------------------------
-
-
-PREVIOUS_RELEASE = {
-    # case: (answer, the previous release's delay and reason as its worker chose them)
-    "success": (("success", 200, None), (0.0, None)),
-    "rejected": (("rejected", 400, None), (0.0, None)),
-    "retry-after": (("rate_limited", 429, 120.0), (120.0, "Retry-After 120 s (HTTP 429)")),
-    "bare-429": (
-        ("rate_limited", 429, None),
-        (5.0, "rate limited (HTTP 429, no Retry-After): 5 s"),
-    ),
-}
-
-
-@pytest.mark.parametrize("case", sorted(PREVIOUS_RELEASE))
-def test_this_release_records_as_the_previous_release_did(conn, case):
-    """Workers of both releases run side by side during an upgrade: from the same leased
-    state, the previous release's statement (record_outcomes, fed the delay its worker chose)
-    and this release's (the database choosing it) leave the same delivery and attempt rows."""
-    (outcome, status, retry_after), (delay, reason) = PREVIOUS_RELEASE[case]
-    (lease,) = _leased(conn)
-
-    def after(record) -> dict:
-        with conn.transaction(force_rollback=True):
-            record()
-            row = delivery(conn, lease.delivery_id)
-            attempt = conn.execute("SELECT * FROM delivery_attempt").fetchone()
-            due = _due_in(conn, lease.delivery_id) if row["state"] == "pending" else None
-            return {
-                "delivery": {
-                    k: row[k]
-                    for k in (
-                        "state",
-                        "budget_used",
-                        "last_outcome",
-                        "last_error",
-                        "wait_reason",
-                        "lease_token",
-                    )
-                },
-                "attempt": {
-                    k: attempt[k] for k in ("outcome", "http_status", "error", "retry_reason")
-                },
-                "due": due,
-            }
-
-    error = None if outcome == "success" else f"HTTP {status}"
-    previous = after(
-        lambda: leases.record(
-            conn,
-            [Outcome(lease, outcome, status, error, None, delay, reason, time.monotonic())],
-        )
-    )
-    current = after(
-        lambda: leases.record_classified(
-            conn, [_answer(lease, outcome, status, retry_after=retry_after)]
-        )
-    )
-    assert {k: v for k, v in current.items() if k != "due"} == {
-        k: v for k, v in previous.items() if k != "due"
-    }
-    if previous["due"] is not None:
-        assert current["due"] == pytest.approx(previous["due"], abs=1)

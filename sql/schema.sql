@@ -110,7 +110,7 @@ CREATE TABLE dispatch_outbox (
     CONSTRAINT dispatch_outbox_dispatch_no_check CHECK ((dispatch_no >= 1)),
     CONSTRAINT dispatch_outbox_pkey PRIMARY KEY (message_id),
     CONSTRAINT one_row_per_dispatch UNIQUE (delivery_id, dispatch_no)
-);
+) WITH (fillfactor=50);
 
 CREATE TABLE schema_migrations (
     version integer NOT NULL,
@@ -256,8 +256,6 @@ CREATE UNIQUE INDEX destination_subscription_pkey ON public.destination_subscrip
 CREATE UNIQUE INDEX dispatch_outbox_pkey ON public.dispatch_outbox USING btree (message_id);
 
 CREATE INDEX dispatch_outbox_run ON public.dispatch_outbox USING btree (run_id, destination_id, message_id);
-
-CREATE INDEX dispatch_outbox_unpublished ON public.dispatch_outbox USING btree (created_at) WHERE (published_at IS NULL);
 
 CREATE UNIQUE INDEX one_row_per_dispatch ON public.dispatch_outbox USING btree (delivery_id, dispatch_no);
 

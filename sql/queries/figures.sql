@@ -129,7 +129,8 @@ CROSS JOIN LATERAL (
 ORDER BY w.destination_id;
 
 -- name: figures_attempts_by_outcome
--- description: finished attempts per outcome over the last hour and day (delivery_attempt_finished).
+-- description: finished attempts per outcome over the last hour and day
+--   (delivery_attempt_finished_brin).
 WITH clock AS (
     SELECT COALESCE(%(now)s::timestamptz, now()) AS now
 )

@@ -17,11 +17,13 @@ from __future__ import annotations
 import math
 import random
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from psycopg.types.json import Jsonb
 
 from media_hooks.core import backoff
 from media_hooks.outbox import leases
@@ -411,3 +413,78 @@ def test_a_skewed_schedule_would_be_caught(conn):
     rng = random.Random(5)
     skewed = [rng.uniform(8, 10) for _ in range(400)]
     assert _ks_uniform(skewed, 8, 12) >= KS_C / math.sqrt(400)
+
+
+# The previous release on this schema ----------------------------------------------------------
+
+PREVIOUS_RECORDING = (
+    Path(__file__).parent / "fixtures" / "record_outcomes.523df3d.sql"
+).read_text()
+PREVIOUS_RELEASE = {
+    # case: (answer, the previous release's delay and reason as its worker chose them)
+    "success": (("success", 200, None), (0.0, None)),
+    "rejected": (("rejected", 400, None), (0.0, None)),
+    "retry-after": (("rate_limited", 429, 120.0), (120.0, "Retry-After 120 s (HTTP 429)")),
+    "bare-429": (
+        ("rate_limited", 429, None),
+        (5.0, "rate limited (HTTP 429, no Retry-After): 5 s"),
+    ),
+}
+
+
+def _record_as_previous_release(
+    conn, lease: Lease, outcome: str, status: int, error: str | None, delay: float, reason
+) -> None:
+    """The previous release's worker recording one outcome, its delay chosen by the worker."""
+    document = {
+        "delivery_id": lease.delivery_id,
+        "lease_token": str(lease.lease_token),
+        "outcome": outcome,
+        "http_status": status,
+        "error": error,
+        "excerpt": None,
+        "delay": delay,
+        "delay_reason": reason,
+        "finished_ago": 0.0,
+        "spare": False,
+    }
+    conn.execute(PREVIOUS_RECORDING, {"outcomes": Jsonb([document])})
+
+
+@pytest.mark.parametrize("case", sorted(PREVIOUS_RELEASE))
+def test_this_release_records_as_the_previous_release_did(conn, case):
+    """Workers of both releases run side by side during an upgrade: from the same leased
+    state, the previous release's statement (record_outcomes, fed the delay its worker chose)
+    and this release's (the database choosing it) leave the same delivery and attempt rows."""
+    (outcome, status, retry_after), (delay, reason) = PREVIOUS_RELEASE[case]
+    (lease,) = _leased(conn)
+
+    def after(record) -> dict:
+        with conn.transaction(force_rollback=True):
+            record()
+            row = delivery(conn, lease.delivery_id)
+            attempt = conn.execute("SELECT * FROM delivery_attempt").fetchone()
+            due = _due_in(conn, lease.delivery_id) if row["state"] == "pending" else None
+            kept = ("state", "budget_used", "last_outcome", "last_error", "wait_reason")
+            return {
+                "delivery": {k: row[k] for k in (*kept, "lease_token")},
+                "attempt": {
+                    k: attempt[k] for k in ("outcome", "http_status", "error", "retry_reason")
+                },
+                "due": due,
+            }
+
+    error = None if outcome == "success" else f"HTTP {status}"
+    previous = after(
+        lambda: _record_as_previous_release(conn, lease, outcome, status, error, delay, reason)
+    )
+    current = after(
+        lambda: leases.record_classified(
+            conn, [_answer(lease, outcome, status, retry_after=retry_after)]
+        )
+    )
+    assert {k: v for k, v in current.items() if k != "due"} == {
+        k: v for k, v in previous.items() if k != "due"
+    }
+    if previous["due"] is not None:
+        assert current["due"] == pytest.approx(previous["due"], abs=1)

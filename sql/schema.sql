@@ -35,7 +35,7 @@ CREATE TABLE delivery_attempt (
     CONSTRAINT delivery_attempt_attempt_no_check CHECK ((attempt_no >= 1)),
     CONSTRAINT delivery_attempt_delivery_id_fkey FOREIGN KEY (delivery_id) REFERENCES webhook_delivery(delivery_id),
     CONSTRAINT delivery_attempt_pkey PRIMARY KEY (delivery_id, attempt_no)
-) WITH (fillfactor=70);
+) WITH (fillfactor=50);
 
 CREATE TABLE delivery_identity (
     delivery_id text NOT NULL,

@@ -35,7 +35,7 @@ CREATE TABLE delivery_attempt (
     CONSTRAINT delivery_attempt_attempt_no_check CHECK ((attempt_no >= 1)),
     CONSTRAINT delivery_attempt_delivery_id_fkey FOREIGN KEY (delivery_id) REFERENCES webhook_delivery(delivery_id),
     CONSTRAINT delivery_attempt_pkey PRIMARY KEY (delivery_id, attempt_no)
-) WITH (fillfactor=50);
+);
 
 CREATE TABLE delivery_identity (
     delivery_id text NOT NULL,
@@ -225,7 +225,7 @@ CREATE UNIQUE INDEX dagster_step_output_pkey ON public.dagster_step_output USING
 
 CREATE INDEX delivery_attempt_destination ON public.delivery_attempt USING btree (destination_id, started_at);
 
-CREATE INDEX delivery_attempt_finished_brin ON public.delivery_attempt USING brin (finished_at) WITH (pages_per_range='32', autosummarize='on');
+CREATE INDEX delivery_attempt_finished ON public.delivery_attempt USING btree (finished_at, outcome);
 
 CREATE UNIQUE INDEX delivery_attempt_pkey ON public.delivery_attempt USING btree (delivery_id, attempt_no);
 

@@ -161,12 +161,10 @@ def test_each_figure_is_an_index_scan(conn, name):
     ids = add_deliveries(conn, "live", 4000, state="succeeded")
     for state, n in [("pending", 300), ("dead", 50), ("leased", 20)]:
         add_deliveries(conn, "live", n, state=state)
-    # A month of history written in time order, the newest day's last (as attempts are).
     conn.execute(
         "INSERT INTO delivery_attempt (delivery_id, attempt_no, destination_id, lease_token, "
         "started_at, finished_at, outcome) SELECT d, 1, 'live', gen_random_uuid(), "
-        "now() - ((4001 - i) * interval '10 minutes'), "
-        "now() - ((4001 - i) * interval '10 minutes'), 'success' "
+        "now() - (i * interval '1 minute'), now() - (i * interval '1 minute'), 'success' "
         "FROM unnest(%s::text[]) WITH ORDINALITY AS u(d, i)",
         (ids,),
     )

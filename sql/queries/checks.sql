@@ -38,8 +38,7 @@ FROM bad;
 
 -- name: check_open_attempt_without_lease
 -- description: open attempts whose delivery is not leased under the attempt's token as its
---   newest attempt (delivery_attempt_finished_brin: the page ranges holding NULL finish
---   times, then the delivery's key).
+--   newest attempt (delivery_attempt_finished: its NULL finish times, then the delivery's key).
 WITH bad AS (
     SELECT a.delivery_id || '#' || a.attempt_no AS id
     FROM delivery_attempt AS a
@@ -54,8 +53,7 @@ FROM bad;
 
 -- name: check_open_attempt_past_lease
 -- description: open attempts whose lease ended more than the margin ago: a lost worker's lease
---   that no sweep has ended (delivery_attempt_finished_brin's ranges with NULLs, then the
---   delivery's key).
+--   that no sweep has ended (delivery_attempt_finished's NULLs, then the delivery's key).
 WITH bad AS (
     SELECT a.delivery_id || '#' || a.attempt_no AS id
     FROM delivery_attempt AS a
@@ -69,8 +67,7 @@ FROM bad;
 
 -- name: check_two_successes
 -- description: deliveries with a success attempt in the window and another success attempt
---   (delivery_attempt_finished_brin by finish time, then delivery_attempt's key per
---   delivery).
+--   (delivery_attempt_finished by finish time, then delivery_attempt's key per delivery).
 WITH bad AS (
     SELECT DISTINCT a.delivery_id
     FROM delivery_attempt AS a
@@ -110,7 +107,7 @@ FROM bad;
 -- name: check_success_matches_state
 -- description: deliveries that succeeded in the window without a success attempt, and success
 --   attempts of the window whose delivery is not succeeded (webhook_delivery_terminal and
---   delivery_attempt_finished_brin by time, then keys).
+--   delivery_attempt_finished by time, then keys).
 WITH bad AS (
     SELECT d.delivery_id
     FROM webhook_delivery AS d

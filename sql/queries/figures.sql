@@ -129,8 +129,7 @@ CROSS JOIN LATERAL (
 ORDER BY w.destination_id;
 
 -- name: figures_attempts_by_outcome
--- description: finished attempts per outcome over the last hour and day
---   (delivery_attempt_finished_brin).
+-- description: finished attempts per outcome over the last hour and day (delivery_attempt_finished).
 WITH clock AS (
     SELECT COALESCE(%(now)s::timestamptz, now()) AS now
 )

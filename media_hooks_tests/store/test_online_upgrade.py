@@ -15,7 +15,7 @@ from media_hooks_tests.factories import add_deliveries, add_destination
 from media_hooks_tests.interleaving import in_background, wait_for
 
 IN_PLACE = "0022_outbox_published_in_place.sql"
-COUNT = 400
+COUNT = 600
 
 
 def _updates(conn: psycopg.Connection, table: str) -> tuple[int, int]:
@@ -39,7 +39,7 @@ def test_the_outbox_goes_in_place_while_the_previous_release_delivers(empty_data
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
         migrations.migrate(conn, up_to=before)
         # A reply that takes a moment keeps the run going while the migration applies.
-        with Receiver(reply=Reply(delay_seconds=0.02)) as receiver:
+        with Receiver(reply=Reply(delay_seconds=0.05)) as receiver:
             add_destination(
                 conn, "cdn", url=receiver.url, rate_per_second=500, burst=50, max_in_flight=8
             )

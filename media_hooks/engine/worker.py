@@ -266,8 +266,8 @@ class DestinationWorker:
 
         Outcomes that fall due meanwhile wait for the send (``_step`` records them next): a
         statement started now could end after the start's moment, and the request, sent late,
-        would reach the receiver bunched with the next one (on 32 publishers at 10/s, half the
-        sends more than 10 ms late waited behind a recording).
+        would reach the receiver bunched with the next one (on 32 publishers at 10/s, half or
+        more of the sends over 10 ms late had waited behind a recording: issue 31).
         """
         while (left := start_at - time.monotonic()) > 0:
             if self.in_flight:

@@ -7,8 +7,9 @@ jitter, Retry-After), the retry budget and maximum age, a pause of the destinati
 process, and a destination disabled by a 410 or an address the SSRF guard refused. One
 statement records many outcomes: a success or a dead end is conditional on the lease the worker
 holds (invariant 4), a retry moves only ``next_attempt_at`` and the budget (invariant 5). An
-outcome waits at most ``RECORD_MAX_DELAY_SECONDS`` however long its neighbours take, and a
-destination's signal (a 429, a 410, a refused address) is recorded, and acted on, at once.
+outcome waits at most ``RECORD_MAX_DELAY_SECONDS`` however long its neighbours take (or, when
+that falls while its worker waits for a start's moment, until that request is sent:
+``engine.worker``), and a destination's signal (a 429, a 410, a refused address) is recorded, and acted on, at once.
 """
 
 from __future__ import annotations

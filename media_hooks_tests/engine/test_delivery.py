@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from media_hooks.devtools.receiver import Receiver, Reply, by_attempt
+from media_hooks.engine import recording
 from media_hooks.engine.counts import DeliveryCounts
 from media_hooks.engine.delivery import deliver_destination
 from media_hooks.engine.delivery_run import deliver_due
@@ -503,3 +504,63 @@ def test_a_worker_asking_while_a_claim_runs_gets_what_that_claim_hands_back(
         "WHERE state <> 'pending' GROUP BY destination_id ORDER BY destination_id"
     ).fetchall()
     assert [(r["destination_id"], r["n"]) for r in leased] == [("alpha", 2), ("beta", 2)]
+
+
+def test_a_request_sent_late_pushes_the_next_one_back_instead_of_bunching_with_it(
+    conn, pool, settings, monkeypatch
+):
+    """The destination's envelope holds on the worker's own sends (engine.pacing): the first
+    request leaves 0.4 s after its start's moment, so the second, granted for 0.5 s after the
+    first's moment, leaves a whole interval after the late one, not 0.1 s after it."""
+    sent: list[float] = []
+    submit = Sender.submit
+
+    def first_late(self, delivery_id, body):
+        if not sent:
+            time.sleep(0.4)  # the send is late (what is measured, not a synchronisation)
+        sent.append(time.monotonic())
+        return submit(self, delivery_id, body)
+
+    monkeypatch.setattr(Sender, "submit", first_late)
+    with Receiver() as receiver:
+        add_destination(conn, "cdn", url=receiver.url, max_in_flight=2, rate_per_second=2, burst=1)
+        add_deliveries(conn, "cdn", 2)
+
+        assert _deliver_in_pages(conn, pool, settings, 2).succeeded == 2
+
+    assert len(sent) == 2 and sent[1] - sent[0] >= 0.5
+
+
+def test_outcomes_due_while_a_start_waits_are_recorded_after_its_send(
+    conn, pool, settings, monkeypatch
+):
+    """A statement started while a start granted ahead waits could end after its moment and
+    make it late: what falls due then is recorded once the request is sent."""
+    monkeypatch.setattr(rate_limits, "AHEAD_SECONDS", 0.5)
+    monkeypatch.setattr(recording, "RECORD_MAX_DELAY_SECONDS", 0.0)  # every outcome due at once
+    waiting = threading.Event()
+    recorded_while_waiting: list[bool] = []
+    wait_for_start, record = DestinationWorker._wait_for_start, DestinationWorker._record
+
+    def noting_wait(worker, start_at):
+        waiting.set()
+        try:
+            return wait_for_start(worker, start_at)
+        finally:
+            waiting.clear()
+
+    def noting_record(worker):
+        recorded_while_waiting.append(waiting.is_set())
+        record(worker)
+
+    monkeypatch.setattr(DestinationWorker, "_wait_for_start", noting_wait)
+    monkeypatch.setattr(DestinationWorker, "_record", noting_record)
+    # One start a second, granted up to 0.5 s ahead; each answer after 0.7 s: the first
+    # answer arrives while the second start waits for its moment.
+    with Receiver(reply=Reply(delay_seconds=0.7)) as receiver:
+        add_destination(conn, "cdn", url=receiver.url, max_in_flight=2, rate_per_second=1, burst=1)
+        add_deliveries(conn, "cdn", 3)
+
+        assert _deliver_in_pages(conn, pool, settings, 3).succeeded == 3
+
+    assert recorded_while_waiting and not any(recorded_while_waiting)

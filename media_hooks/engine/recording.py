@@ -8,8 +8,8 @@ process, and a destination disabled by a 410 or an address the SSRF guard refuse
 statement records many outcomes: a success or a dead end is conditional on the lease the worker
 holds (invariant 4), a retry moves only ``next_attempt_at`` and the budget (invariant 5). An
 outcome waits at most ``RECORD_MAX_DELAY_SECONDS`` however long its neighbours take (or, when
-that falls while its worker waits for a start's moment, until that request is sent:
-``engine.worker``), and a destination's signal (a 429, a 410, a refused address) is recorded, and acted on, at once.
+that falls just before a start's moment, until that request is sent: ``engine.worker``), and a
+destination's signal (a 429, a 410, a refused address) is recorded, and acted on, at once.
 """
 
 from __future__ import annotations
@@ -119,9 +119,13 @@ class Recorder:
             return False
         if idle or len(self.finished) >= RECORD_BATCH:
             return True
-        if any(_is_signal(result) for _, result in self.finished):
+        if self.signal_waiting():
             return True
         return time.monotonic() - self._oldest() >= RECORD_MAX_DELAY_SECONDS
+
+    def signal_waiting(self) -> bool:
+        """Whether a destination's signal (a 429, a 410, a refused address) waits."""
+        return any(_is_signal(result) for _, result in self.finished)
 
     def seconds_until_due(self) -> float | None:
         """How long until the oldest outcome is due to be recorded (None: nothing waits)."""

@@ -64,6 +64,10 @@ DEFAULT_MAX_WAIT_SECONDS = 60.0
 GATHER_SECONDS = 0.002
 # A running worker reads its destination again at every page and at least this often.
 REFRESH_SECONDS = 5.0
+# While a start waits for its moment, outcomes are recorded only this long or more before it:
+# a recording statement takes a few ms, tens on a loaded machine. Closer, they wait for the
+# send (at most this long plus the send), so no outcome waits long enough to risk its lease.
+RECORD_MARGIN_SECONDS = 0.1
 
 
 def lease_seconds_for(destination: Destination, sender: Sender, settings: Settings) -> float:
@@ -264,16 +268,23 @@ class DestinationWorker:
         start for (it may grant one a little ahead, and ``pace`` may push it back), taking
         meanwhile whatever finishes; True if the run was stopped first.
 
-        Outcomes that fall due meanwhile wait for the send (``_step`` records them next): a
-        statement started now could end after the start's moment, and the request, sent late,
-        would reach the receiver bunched with the next one (on 32 publishers at 10/s, half or
-        more of the sends over 10 ms late had waited behind a recording: issue 31).
+        What falls due for recording with ``RECORD_MARGIN_SECONDS`` to spare before the start
+        is recorded then; what falls due closer to it waits for the send (``_step`` records it
+        next): a statement started then could end after the start's moment, and the request,
+        sent late, would reach the receiver bunched with the next one (on 32 publishers at
+        10/s, half or more of the sends over 10 ms late had waited behind a recording: issue
+        31). A destination's signal (a 429, a 410, a refused address) is recorded at once.
         """
         while (left := start_at - time.monotonic()) > 0:
+            bound = self._wait_bound(rate_limits.Grant())
+            timeout = left if bound is None or bound >= left - RECORD_MARGIN_SECONDS else bound
             if self.in_flight:
-                self._collect(timeout=left, record=False)
-            elif self.stop.wait(left):
+                self._collect(timeout=timeout, record=False)
+            elif self.stop.wait(timeout):
                 return True
+            spare = start_at - time.monotonic() > RECORD_MARGIN_SECONDS
+            if self._record_due() and (spare or self.recorder.signal_waiting()):
+                self._record()
         return self.stop.is_set()
 
     def _take(self, future: Future, lease: Lease, slot: int) -> None:

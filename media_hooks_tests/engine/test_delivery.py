@@ -531,11 +531,8 @@ def test_a_request_sent_late_pushes_the_next_one_back_instead_of_bunching_with_i
     assert len(sent) == 2 and sent[1] - sent[0] >= 0.5
 
 
-def test_outcomes_due_while_a_start_waits_are_recorded_after_its_send(
-    conn, pool, settings, monkeypatch
-):
-    """A statement started while a start granted ahead waits could end after its moment and
-    make it late: what falls due then is recorded once the request is sent."""
+def _recordings_while_waiting(monkeypatch) -> list[bool]:
+    """For each recording statement of a run, whether a start was waiting for its moment."""
     monkeypatch.setattr(rate_limits, "AHEAD_SECONDS", 0.5)
     monkeypatch.setattr(recording, "RECORD_MAX_DELAY_SECONDS", 0.0)  # every outcome due at once
     waiting = threading.Event()
@@ -555,12 +552,57 @@ def test_outcomes_due_while_a_start_waits_are_recorded_after_its_send(
 
     monkeypatch.setattr(DestinationWorker, "_wait_for_start", noting_wait)
     monkeypatch.setattr(DestinationWorker, "_record", noting_record)
-    # One start a second, granted up to 0.5 s ahead; each answer after 0.7 s: the first
-    # answer arrives while the second start waits for its moment.
-    with Receiver(reply=Reply(delay_seconds=0.7)) as receiver:
+    return recorded_while_waiting
+
+
+def test_outcomes_due_just_before_a_start_are_recorded_after_its_send(
+    conn, pool, settings, monkeypatch
+):
+    """A statement started just before a start's moment could end after it and make the send
+    late: an outcome falling due within RECORD_MARGIN_SECONDS of the start waits for the send.
+    One start a second, each answer after 0.95 s: each answer arrives just before the next
+    start (or after it, when the send is recorded first anyway)."""
+    recorded_while_waiting = _recordings_while_waiting(monkeypatch)
+    with Receiver(reply=Reply(delay_seconds=0.95)) as receiver:
         add_destination(conn, "cdn", url=receiver.url, max_in_flight=2, rate_per_second=1, burst=1)
         add_deliveries(conn, "cdn", 3)
 
         assert _deliver_in_pages(conn, pool, settings, 3).succeeded == 3
 
     assert recorded_while_waiting and not any(recorded_while_waiting)
+
+
+def test_outcomes_due_long_before_a_start_are_recorded_while_it_waits(
+    conn, pool, settings, monkeypatch
+):
+    """The wait for a start does not hold outcomes back for long (a slow rate would keep them
+    past their leases): one start every 2 s, granted 0.5 s ahead, so the worker waits from
+    1.5 s to 2 s after each send for the next; each answer, after 1.6 s, falls due in that wait
+    0.4 s before its end."""
+    recorded_while_waiting = _recordings_while_waiting(monkeypatch)
+    with Receiver(reply=Reply(delay_seconds=1.6)) as receiver:
+        add_destination(
+            conn, "cdn", url=receiver.url, max_in_flight=2, rate_per_second=0.5, burst=1
+        )
+        add_deliveries(conn, "cdn", 3)
+
+        assert _deliver_in_pages(conn, pool, settings, 3).succeeded == 3
+
+    assert any(recorded_while_waiting)
+
+
+def test_a_410_just_before_a_start_is_recorded_at_once_and_stops_the_next_send(
+    conn, pool, settings, monkeypatch
+):
+    """A destination's signal is not held for the send: a 410 answered just before the next
+    start's moment disables the destination before that request goes out."""
+    _recordings_while_waiting(monkeypatch)
+    with Receiver(reply=Reply(status=410, delay_seconds=0.95)) as receiver:
+        add_destination(conn, "cdn", url=receiver.url, max_in_flight=2, rate_per_second=1, burst=1)
+        add_deliveries(conn, "cdn", 3)
+
+        _deliver_in_pages(conn, pool, settings, 3)
+        sent = receiver.request_count
+
+    assert sent == 1
+    assert not conn.execute("SELECT enabled FROM webhook_destination").fetchone()["enabled"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 
 import psycopg
@@ -10,7 +11,13 @@ from psycopg import sql
 
 from media_hooks.outbox.claims import ClaimFigures, claim_destination_page, due_destinations
 from media_hooks.outbox.cohort import Cohort
-from media_hooks.outbox.leases import Lease, Message, lease_with_permits, publish_messages
+from media_hooks.outbox.leases import (
+    Classified,
+    Lease,
+    Message,
+    lease_with_permits,
+    publish_messages,
+)
 
 # Limits that never hold back a test's leases: for tests of the row protocol, leasing through the
 # worker's step (``lease_all``) as often as they like; what the limits do is tested on its own.
@@ -175,3 +182,28 @@ def lease_all(
         )
         taken += step.leases
     return taken
+
+
+def answer(
+    lease: Lease,
+    outcome: str,
+    status: int | None = None,
+    *,
+    retry_after: float | None = None,
+    attempted: bool = True,
+    configuration_fault: bool = False,
+    error: str | None = None,
+) -> Classified:
+    """The runtime's word on one attempt, as a worker classifies it; the database decides
+    what follows (``record_classified``)."""
+    return Classified(
+        lease,
+        outcome,
+        status,
+        retry_after,
+        error if error is not None else (None if outcome == "success" else f"HTTP {status}"),
+        None,
+        time.monotonic(),
+        attempted=attempted,
+        configuration_fault=configuration_fault,
+    )

@@ -3,8 +3,6 @@ docs/architecture.md)."""
 
 from __future__ import annotations
 
-import time
-
 import psycopg
 import pytest
 from psycopg import sql
@@ -13,7 +11,7 @@ from media_hooks.core.config import Settings
 from media_hooks.core.errors import UserError
 from media_hooks.outbox import leases, rate_limits
 from media_hooks.outbox.cohort import Cohort
-from media_hooks.outbox.leases import Classified, Lease, Message
+from media_hooks.outbox.leases import Message
 from media_hooks.outbox.maintenance import sweeps
 from media_hooks.outbox.maintenance.requeue import requeue
 from media_hooks.store.sqlfiles import query
@@ -21,6 +19,7 @@ from media_hooks_tests.factories import (
     ROOMY,
     add_deliveries,
     add_destination,
+    answer,
     claim_all,
     delivery,
     lease_all,
@@ -39,12 +38,6 @@ def _messages(conn, run_id: str) -> list[Message]:
         (run_id,),
     ).fetchall()
     return [Message(r["message_id"], r["delivery_id"]) for r in rows]
-
-
-def _answer(lease: Lease, outcome: str, status: int | None) -> Classified:
-    """The runtime's word on one attempt; the database decides what follows."""
-    error = None if outcome == "success" else f"HTTP {status}"
-    return Classified(lease, outcome, status, None, error, None, time.monotonic())
 
 
 def _dispatch(conn, count: int = 1, run_id: str = "run-1", **limits) -> list[Message]:
@@ -73,7 +66,7 @@ def test_lease_opens_an_attempt_and_success_is_terminal(conn):
     attempt = conn.execute("SELECT * FROM delivery_attempt").fetchone()
     assert (attempt["attempt_no"], attempt["run_id"], attempt["finished_at"]) == (1, "run-1", None)
 
-    assert leases.record_classified(conn, [_answer(lease, "success", 200)]).states == {
+    assert leases.record_classified(conn, [answer(lease, "success", 200)]).states == {
         message.delivery_id: "succeeded"
     }
     row = delivery(conn, message.delivery_id)
@@ -100,10 +93,10 @@ def test_fencing_a_late_worker_cannot_overwrite_a_newer_lease(conn):
     (lease_b,) = lease_all(conn, "run-2", [message])
     assert lease_b.lease_token != lease_a.lease_token and lease_b.attempt_no == 2
 
-    assert leases.record_classified(conn, [_answer(lease_b, "success", 200)]).states == {
+    assert leases.record_classified(conn, [answer(lease_b, "success", 200)]).states == {
         message.delivery_id: "succeeded"
     }
-    assert leases.record_classified(conn, [_answer(lease_a, "retryable", 500)]).states == {}
+    assert leases.record_classified(conn, [answer(lease_a, "retryable", 500)]).states == {}
     row = delivery(conn, message.delivery_id)
     assert (row["state"], row["last_outcome"]) == ("succeeded", "success")
 
@@ -130,7 +123,7 @@ def test_a_stale_message_is_skipped_after_a_new_dispatch(conn):
 def test_outcome_moves_the_delivery_as_the_contract_says(conn, outcome, status, state):
     (message,) = _dispatch(conn)
     (lease,) = lease_all(conn, "run-1", [message])
-    recorded = leases.record_classified(conn, [_answer(lease, outcome, status)])
+    recorded = leases.record_classified(conn, [answer(lease, outcome, status)])
     assert recorded.states == {message.delivery_id: state}
     row = delivery(conn, message.delivery_id)
     if state == "pending":  # after a wait the database chose (test_state_machine_in_sql: which)
@@ -159,7 +152,7 @@ def test_expired_leases_are_swept_back_to_pending_with_the_attempt_marked_ambigu
     assert (attempt["outcome"], attempt["retry_reason"]) == ("ambiguous", "lease expiry")
     assert states(conn) == {"pending": 1, "leased": 2}
     # The lost worker's late report is fenced out.
-    assert leases.record_classified(conn, [_answer(taken[0], "success", 200)]).states == {}
+    assert leases.record_classified(conn, [answer(taken[0], "success", 200)]).states == {}
 
 
 def test_stale_enqueues_are_swept_after_the_timeout(conn):
@@ -238,7 +231,7 @@ def test_circuit_breaker_disables_a_destination_whose_every_attempt_failed(conn)
 def test_requeue_dead_letters_with_a_fresh_budget_and_an_audit_row(conn):
     (message,) = _dispatch(conn, max_attempts=1)
     (lease,) = lease_all(conn, "run-1", [message])
-    recorded = leases.record_classified(conn, [_answer(lease, "retryable", 500)])
+    recorded = leases.record_classified(conn, [answer(lease, "retryable", 500)])
     assert recorded.states == {message.delivery_id: "dead"}
 
     preview = requeue(conn, Cohort(), reason="receiver fixed", requested_by="oncall", dry_run=True)
@@ -440,7 +433,7 @@ def test_requeue_leaves_a_delivery_in_flight_alone_and_says_so(conn):
     assert (row["state"], row["lease_token"]) == ("leased", lease.lease_token)
     for result in (preview, done):
         assert (result.matched, result.in_flight, result.by_state) == (0, 1, {})
-    assert leases.record_classified(conn, [_answer(lease, "success", 200)]).states == {
+    assert leases.record_classified(conn, [answer(lease, "success", 200)]).states == {
         message.delivery_id: "succeeded"
     }
 

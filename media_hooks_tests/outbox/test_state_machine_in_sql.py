@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import random
-import time
 from pathlib import Path
 
 import psycopg
@@ -28,11 +27,12 @@ from psycopg.types.json import Jsonb
 from media_hooks.core import backoff
 from media_hooks.outbox import leases
 from media_hooks.outbox.cohort import Cohort
-from media_hooks.outbox.leases import Classified, Lease, Message
+from media_hooks.outbox.leases import Lease, Message
 from media_hooks_tests.factories import (
     ROOMY,
     add_deliveries,
     add_destination,
+    answer,
     claim_all,
     delivery,
     lease_all,
@@ -56,29 +56,6 @@ def _dispatch(conn, count: int = 1, destination: str = "cdn", **limits) -> list[
 
 def _leased(conn, count: int = 1, **limits) -> list[Lease]:
     return lease_all(conn, "run-1", _dispatch(conn, count, **limits))
-
-
-def _answer(
-    lease: Lease,
-    outcome: str,
-    status: int | None = None,
-    *,
-    retry_after: float | None = None,
-    attempted: bool = True,
-    configuration_fault: bool = False,
-    error: str | None = None,
-) -> Classified:
-    return Classified(
-        lease,
-        outcome,
-        status,
-        retry_after,
-        error if error is not None else (None if outcome == "success" else f"HTTP {status}"),
-        None,
-        time.monotonic(),
-        attempted=attempted,
-        configuration_fault=configuration_fault,
-    )
 
 
 def _due_in(conn, delivery_id: str) -> float:
@@ -105,7 +82,7 @@ def _destination(conn) -> dict:
 )
 def test_terminal_answers_end_the_delivery(conn, outcome, status, state):
     (lease,) = _leased(conn)
-    recorded = leases.record_classified(conn, [_answer(lease, outcome, status)])
+    recorded = leases.record_classified(conn, [answer(lease, outcome, status)])
     assert recorded == leases.Recorded({lease.delivery_id: state}, None)
     row = delivery(conn, lease.delivery_id)
     assert (row["state"], row["lease_token"], row["wait_reason"]) == (state, None, None)
@@ -120,7 +97,7 @@ def test_terminal_answers_end_the_delivery(conn, outcome, status, state):
 @pytest.mark.parametrize(("outcome", "status"), [("retryable", 500), ("ambiguous", None)])
 def test_a_failure_is_retried_after_the_jittered_backoff_of_its_attempts(conn, outcome, status):
     (lease,) = _leased(conn, backoff_base_seconds=100, backoff_cap_seconds=10_000)
-    recorded = leases.record_classified(conn, [_answer(lease, outcome, status)])
+    recorded = leases.record_classified(conn, [answer(lease, outcome, status)])
     assert recorded.states == {lease.delivery_id: "pending"}
     assert 80 - 1 <= _due_in(conn, lease.delivery_id) <= 120
     row = delivery(conn, lease.delivery_id)
@@ -137,7 +114,7 @@ def test_the_backoff_doubles_with_each_failed_attempt_up_to_the_cap(conn):
     bands = [(8, 12), (16, 24), (24, 30), (24, 30)]
     for low, high in bands:
         (lease,) = lease_all(conn, "run-1", [message])
-        leases.record_classified(conn, [_answer(lease, "retryable", 503)])
+        leases.record_classified(conn, [answer(lease, "retryable", 503)])
         assert low - 1 <= _due_in(conn, message.delivery_id) <= high
         conn.execute("UPDATE webhook_delivery SET next_attempt_at = now()")
         claim_all(conn, "run-1", Cohort())
@@ -149,7 +126,7 @@ def test_the_backoff_doubles_with_each_failed_attempt_up_to_the_cap(conn):
 
 def test_429_with_retry_after_schedules_the_delivery_and_pauses_the_destination(conn):
     (lease,) = _leased(conn)
-    leases.record_classified(conn, [_answer(lease, "rate_limited", 429, retry_after=120)])
+    leases.record_classified(conn, [answer(lease, "rate_limited", 429, retry_after=120)])
     row = delivery(conn, lease.delivery_id)
     assert (row["state"], row["budget_used"]) == ("pending", 0)
     assert row["wait_reason"] == "Retry-After 120 s (HTTP 429)"
@@ -161,7 +138,7 @@ def test_429_with_retry_after_schedules_the_delivery_and_pauses_the_destination(
 
 def test_retry_after_is_capped_at_an_hour(conn):
     (lease,) = _leased(conn)
-    leases.record_classified(conn, [_answer(lease, "rate_limited", 503, retry_after=86_400 * 365)])
+    leases.record_classified(conn, [answer(lease, "rate_limited", 503, retry_after=86_400 * 365)])
     assert _due_in(conn, lease.delivery_id) == pytest.approx(3600, abs=2)
     assert _destination(conn)["paused_for"] == pytest.approx(3600, abs=2)
     assert delivery(conn, lease.delivery_id)["wait_reason"] == "Retry-After 3600 s (HTTP 503)"
@@ -169,7 +146,7 @@ def test_retry_after_is_capped_at_an_hour(conn):
 
 def test_a_bare_429_pauses_for_the_backoff_base(conn):
     (lease,) = _leased(conn, backoff_base_seconds=45)
-    leases.record_classified(conn, [_answer(lease, "rate_limited", 429)])
+    leases.record_classified(conn, [answer(lease, "rate_limited", 429)])
     assert _due_in(conn, lease.delivery_id) == pytest.approx(45, abs=2)
     destination = _destination(conn)
     assert destination["paused_for"] == pytest.approx(45, abs=2)
@@ -181,7 +158,7 @@ def test_a_bare_429_pauses_for_the_backoff_base(conn):
 
 def test_retry_after_zero_is_due_now_without_a_pause(conn):
     (lease,) = _leased(conn)
-    leases.record_classified(conn, [_answer(lease, "rate_limited", 429, retry_after=0)])
+    leases.record_classified(conn, [answer(lease, "rate_limited", 429, retry_after=0)])
     assert _due_in(conn, lease.delivery_id) == pytest.approx(0, abs=2)
     assert _destination(conn)["paused_for"] is None
 
@@ -191,9 +168,9 @@ def test_a_batch_pauses_for_its_longest_wait(conn):
     leases.record_classified(
         conn,
         [
-            _answer(taken[0], "rate_limited", 429, retry_after=20),
-            _answer(taken[1], "rate_limited", 429),
-            _answer(taken[2], "success", 200),
+            answer(taken[0], "rate_limited", 429, retry_after=20),
+            answer(taken[1], "rate_limited", 429),
+            answer(taken[2], "success", 200),
         ],
     )
     destination = _destination(conn)
@@ -203,7 +180,7 @@ def test_a_batch_pauses_for_its_longest_wait(conn):
 
 def test_410_kills_the_delivery_and_disables_the_destination(conn):
     first, second = _leased(conn, 2)
-    recorded = leases.record_classified(conn, [_answer(first, "rejected", 410)])
+    recorded = leases.record_classified(conn, [answer(first, "rejected", 410)])
     assert recorded.states == {first.delivery_id: "dead"}
     assert recorded.stopped.startswith("receiver answered HTTP 410 (Gone) at ")
     assert recorded.stopped.endswith(" UTC")
@@ -211,7 +188,7 @@ def test_410_kills_the_delivery_and_disables_the_destination(conn):
     assert (destination["enabled"], destination["disabled_reason"]) == (False, recorded.stopped)
     # Already disabled: a later 410 says so again, and keeps the first reason.
     conn.execute("UPDATE webhook_destination SET disabled_reason = 'operator: maintenance'")
-    again = leases.record_classified(conn, [_answer(second, "rejected", 410)])
+    again = leases.record_classified(conn, [answer(second, "rejected", 410)])
     assert again.stopped == "operator: maintenance"
     assert _destination(conn)["disabled_reason"] == "operator: maintenance"
 
@@ -220,7 +197,7 @@ def test_an_address_the_guard_refused_disables_the_destination_and_spares_the_de
     (lease,) = _leased(conn, max_attempts=1)
     error = "refused by the SSRF guard: connecting to x: 127.0.0.1 is in 127.0.0.0/8 (loopback)"
     recorded = leases.record_classified(
-        conn, [_answer(lease, "retryable", None, configuration_fault=True, error=error)]
+        conn, [answer(lease, "retryable", None, configuration_fault=True, error=error)]
     )
     assert recorded.states == {lease.delivery_id: "pending"}
     assert recorded.stopped == (
@@ -238,7 +215,7 @@ def test_an_address_the_guard_refused_disables_the_destination_and_spares_the_de
 def test_an_attempt_never_started_is_due_now_with_its_budget_given_back(conn):
     (lease,) = _leased(conn, max_attempts=1)
     recorded = leases.record_classified(
-        conn, [_answer(lease, "retryable", None, attempted=False, error="not sent: stopped")]
+        conn, [answer(lease, "retryable", None, attempted=False, error="not sent: stopped")]
     )
     assert recorded == leases.Recorded({lease.delivery_id: "pending"}, None)
     row = delivery(conn, lease.delivery_id)
@@ -258,8 +235,8 @@ def test_the_retry_budget_ends_in_dead_but_rate_limits_do_not_spend_it(conn):
     ]
     for outcome, status, state in answers:
         (lease,) = lease_all(conn, "run-1", [message])
-        answer = _answer(lease, outcome, status, retry_after=0 if status == 429 else None)
-        assert leases.record_classified(conn, [answer]).states == {message.delivery_id: state}
+        classified = answer(lease, outcome, status, retry_after=0 if status == 429 else None)
+        assert leases.record_classified(conn, [classified]).states == {message.delivery_id: state}
         conn.execute("UPDATE webhook_delivery SET next_attempt_at = now() WHERE state = 'pending'")
     row = delivery(conn, message.delivery_id)
     assert (row["attempt_count"], row["wait_reason"]) == (
@@ -271,7 +248,7 @@ def test_the_retry_budget_ends_in_dead_but_rate_limits_do_not_spend_it(conn):
 def test_the_maximum_age_ends_even_a_rate_limited_delivery(conn):
     (lease,) = _leased(conn, max_age_seconds=60)
     conn.execute("UPDATE webhook_delivery SET budget_started_at = now() - interval '2 minutes'")
-    recorded = leases.record_classified(conn, [_answer(lease, "rate_limited", 429, retry_after=5)])
+    recorded = leases.record_classified(conn, [answer(lease, "rate_limited", 429, retry_after=5)])
     assert recorded.states == {lease.delivery_id: "dead"}
     assert delivery(conn, lease.delivery_id)["wait_reason"].startswith(
         "dead: older than the maximum delivery age"
@@ -285,7 +262,7 @@ def test_a_late_worker_records_nothing_but_its_answer_still_pauses(conn):
     (late,) = lease_all(conn, "run-1", [message])
     conn.execute("UPDATE webhook_delivery SET lease_until = now() - interval '1 second'")
     (current,) = lease_all(conn, "run-2", [message])
-    recorded = leases.record_classified(conn, [_answer(late, "rate_limited", 429, retry_after=30)])
+    recorded = leases.record_classified(conn, [answer(late, "rate_limited", 429, retry_after=30)])
     assert recorded.states == {}
     row = delivery(conn, message.delivery_id)
     assert (row["state"], row["lease_token"]) == ("leased", current.lease_token)
@@ -303,14 +280,14 @@ def test_settings_stored_beyond_what_the_engine_honours_are_taken_within_it(
     """A base and cap stored by hand (or changed under a running worker) outside what
     `destination add` accepts neither overflow a due time nor underflow the arithmetic."""
     (lease,) = _leased(conn, backoff_base_seconds=stored, backoff_cap_seconds=stored)
-    leases.record_classified(conn, [_answer(lease, "retryable", 500)])
+    leases.record_classified(conn, [answer(lease, "retryable", 500)])
     assert low <= _due_in(conn, lease.delivery_id) <= high
 
 
 def test_an_unknown_outcome_class_is_refused_and_nothing_moves(conn):
     (lease,) = _leased(conn)
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="unknown outcome class"):
-        leases.record_classified(conn, [_answer(lease, "maybe", 200)])
+        leases.record_classified(conn, [answer(lease, "maybe", 200)])
     assert delivery(conn, lease.delivery_id)["state"] == "leased"
 
 
@@ -392,7 +369,7 @@ def test_the_record_schedules_retries_uniformly_over_the_jitter_band(conn, attem
     taken = _leased(conn, count, backoff_base_seconds=base, backoff_cap_seconds=cap)
     conn.execute("UPDATE webhook_delivery SET budget_used = %s", (attempt,))
     conn.execute("SELECT setseed(0.33)")
-    leases.record_classified(conn, [_answer(lease, "retryable", 500) for lease in taken])
+    leases.record_classified(conn, [answer(lease, "retryable", 500) for lease in taken])
     rows = conn.execute("SELECT next_attempt_at, updated_at FROM webhook_delivery").fetchall()
     # One statement: every row's now() is its updated_at, so the waits are exact differences.
     (stamp,) = {r["updated_at"] for r in rows}
@@ -480,7 +457,7 @@ def test_this_release_records_as_the_previous_release_did(conn, case):
     )
     current = after(
         lambda: leases.record_classified(
-            conn, [_answer(lease, outcome, status, retry_after=retry_after)]
+            conn, [answer(lease, outcome, status, retry_after=retry_after)]
         )
     )
     assert {k: v for k, v in current.items() if k != "due"} == {

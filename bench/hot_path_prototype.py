@@ -8,8 +8,9 @@ concurrency: this measures what each statement writes, not how fast): emit in tr
 1,000, then claim a page of 250 per destination, lease in steps of 25, record each step's
 outcomes (``--fail-percent`` of attempts retryable, until they succeed: due again at once in
 ``proposed``; in ``current``, whose record decides the backoff, after the shortest it honours,
-0.1 s, which the run waits for), then purge every terminal delivery. For each phase: WAL bytes per delivery
-(``pg_current_wal_lsn``), and for each table its inserts, updates, HOT updates and deletes;
+0.1 s, which the run waits for), then purge every terminal delivery. For each phase: WAL bytes
+per delivery (``pg_current_wal_lsn``), and for each table its inserts, updates, HOT updates and
+deletes;
 where the server has pg_walinspect with ``pg_get_wal_block_info`` (PostgreSQL 16 and later),
 the WAL of each phase by relation.
 

@@ -4,6 +4,8 @@ migration intends. (docs/upgrading.md: schema first, then workers.)"""
 
 from __future__ import annotations
 
+from functools import partial
+
 import psycopg
 from psycopg.rows import dict_row
 
@@ -46,7 +48,7 @@ def test_the_outbox_goes_in_place_while_the_previous_release_delivers(empty_data
             add_deliveries(conn, "cdn", COUNT)
             with db.open_pool(url, max_size=8) as pool:
                 # Small pages: most of the run's claims come after the migration.
-                deliver = lambda: deliver_due(pool, "run-upgrade", settings, page_size=25)  # noqa: E731
+                deliver = partial(deliver_due, pool, "run-upgrade", settings, page_size=25)
                 with in_background(deliver) as run:
                     wait_for(lambda: len(receiver.requests) >= COUNT // 8, "a run under way", 60)
                     applied = migrations.migrate(conn).applied

@@ -7,9 +7,10 @@ transaction: one snapshot, so the counts agree with each other and with the ``st
 read in the same transaction, and nothing the check does can move a delivery or hold a lock
 that a writer waits for.
 
-The default pass reads the live backlog (leased and enqueued rows, open attempts, limiter rows)
-and the history of a window (``window_seconds``, a day by default) through their indexes, so it
-costs about the same on a thousand deliveries or a million. ``full`` reads the whole history.
+The default pass reads the live backlog (leased and enqueued rows and their attempts, limiter
+rows) and the history of a window (``window_seconds``, a day by default: attempts started in it,
+open ones included, and deliveries that ended in it) through their indexes, so it costs about
+the same on a thousand deliveries or a million. ``full`` reads the whole history.
 """
 
 from __future__ import annotations

@@ -187,9 +187,30 @@ def test_the_window_bounds_the_history_and_all_reads_it_whole(history):
     assert _broken(_run(history, full=True))["delivery_without_identity"] == ("e-pub-1",)
     # An old double success falls outside a short window.
     history.execute(BREAKS["two_successes"][0])
-    history.execute("UPDATE delivery_attempt SET finished_at = now() - interval '2 days'")
+    history.execute(
+        "UPDATE delivery_attempt SET started_at = now() - interval '2 days',"
+        " finished_at = now() - interval '2 days' WHERE delivery_id = 'd-pub-3'"
+    )
     assert "two_successes" not in _broken(_run(history))
     assert _broken(_run(history, full=True))["two_successes"] == ("d-pub-3",)
+
+
+def test_open_attempts_are_read_by_start_and_leases_whatever_their_age(history):
+    """No index names finished_at (migration 0023): an open attempt without a lease is found
+    among the attempts started in the window (an older one by --all), and a leased delivery's
+    attempt, open past its lease, whatever its start."""
+    history.execute(BREAKS["open_attempt_without_lease"][0])
+    history.execute(BREAKS["open_attempt_past_lease"][0])
+    history.execute(
+        "UPDATE delivery_attempt SET started_at = now() - interval '2 days'"
+        " WHERE delivery_id IN ('d-pub-6', 'd-pub-7')"
+    )
+    window = _broken(_run(history))
+    assert "open_attempt_without_lease" not in window
+    assert window["open_attempt_past_lease"] == ("d-pub-7#1",)
+    everything = _broken(_run(history, full=True))
+    assert everything["open_attempt_without_lease"] == ("d-pub-6#1",)
+    assert everything["open_attempt_past_lease"] == ("d-pub-7#1",)
 
 
 def test_a_lease_within_its_margin_holds(history):

@@ -37,13 +37,17 @@ SELECT count(*) AS violations, (array_agg(delivery_id ORDER BY delivery_id))[1:5
 FROM bad;
 
 -- name: check_open_attempt_without_lease
--- description: open attempts whose delivery is not leased under the attempt's token as its
---   newest attempt (delivery_attempt_finished: its NULL finish times, then the delivery's key).
+-- description: open attempts started in the window whose delivery is not leased under the
+--   attempt's token as its newest attempt (delivery_attempt_started, then the delivery's key).
+--   No index names finished_at (an attempt's ending is a heap-only update: migration 0023), so
+--   open attempts are found among those started in the window; a leased delivery's own attempt
+--   is checked whatever its age by check_leased_without_one_open_attempt.
 WITH bad AS (
     SELECT a.delivery_id || '#' || a.attempt_no AS id
     FROM delivery_attempt AS a
     JOIN webhook_delivery AS d ON d.delivery_id = a.delivery_id
-    WHERE a.finished_at IS NULL
+    WHERE a.started_at >= %(since)s
+      AND a.finished_at IS NULL
       AND NOT (d.state = 'leased'
                AND d.lease_token = a.lease_token
                AND d.attempt_count = a.attempt_no)
@@ -53,25 +57,26 @@ FROM bad;
 
 -- name: check_open_attempt_past_lease
 -- description: open attempts whose lease ended more than the margin ago: a lost worker's lease
---   that no sweep has ended (delivery_attempt_finished's NULLs, then the delivery's key).
+--   that no sweep has ended (webhook_delivery_lease up to the margin, then delivery_attempt's
+--   key per delivery).
 WITH bad AS (
     SELECT a.delivery_id || '#' || a.attempt_no AS id
-    FROM delivery_attempt AS a
-    JOIN webhook_delivery AS d ON d.delivery_id = a.delivery_id
-    WHERE a.finished_at IS NULL
-      AND d.state = 'leased'
+    FROM webhook_delivery AS d
+    JOIN delivery_attempt AS a ON a.delivery_id = d.delivery_id
+    WHERE d.state = 'leased'
       AND d.lease_until < now() - make_interval(secs => %(lease_margin_seconds)s)
+      AND a.finished_at IS NULL
 )
 SELECT count(*) AS violations, (array_agg(id ORDER BY id))[1:5] AS examples
 FROM bad;
 
 -- name: check_two_successes
--- description: deliveries with a success attempt in the window and another success attempt
---   (delivery_attempt_finished by finish time, then delivery_attempt's key per delivery).
+-- description: deliveries with a success attempt started in the window and another success
+--   attempt (delivery_attempt_started, then delivery_attempt's key per delivery).
 WITH bad AS (
     SELECT DISTINCT a.delivery_id
     FROM delivery_attempt AS a
-    WHERE a.finished_at >= %(since)s
+    WHERE a.started_at >= %(since)s
       AND a.outcome = 'success'
       AND EXISTS (SELECT 1 FROM delivery_attempt AS b
                    WHERE b.delivery_id = a.delivery_id
@@ -106,8 +111,8 @@ FROM bad;
 
 -- name: check_success_matches_state
 -- description: deliveries that succeeded in the window without a success attempt, and success
---   attempts of the window whose delivery is not succeeded (webhook_delivery_terminal and
---   delivery_attempt_finished by time, then keys).
+--   attempts started in the window whose delivery is not succeeded (webhook_delivery_terminal
+--   and delivery_attempt_started by time, then keys).
 WITH bad AS (
     SELECT d.delivery_id
     FROM webhook_delivery AS d
@@ -120,7 +125,7 @@ WITH bad AS (
     SELECT a.delivery_id
     FROM delivery_attempt AS a
     JOIN webhook_delivery AS d ON d.delivery_id = a.delivery_id
-    WHERE a.finished_at >= %(since)s
+    WHERE a.started_at >= %(since)s
       AND a.outcome = 'success'
       AND d.state <> 'succeeded'
 )

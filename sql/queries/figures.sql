@@ -129,7 +129,11 @@ CROSS JOIN LATERAL (
 ORDER BY w.destination_id;
 
 -- name: figures_attempts_by_outcome
--- description: finished attempts per outcome over the last hour and day (delivery_attempt_finished).
+-- description: finished attempts per outcome over the last hour and day, read from the attempts
+--   started since an hour before the day (delivery_attempt_started: no index names finished_at,
+--   migration 0023). An attempt ends within its lease, seconds to minutes after its start; one
+--   that a sweep ended more than an hour after its start (a lost worker, no run since) is not
+--   counted.
 WITH clock AS (
     SELECT COALESCE(%(now)s::timestamptz, now()) AS now
 )
@@ -137,7 +141,8 @@ SELECT a.outcome,
        count(*) FILTER (WHERE a.finished_at > clock.now - interval '1 hour') AS last_hour,
        count(*) AS last_day
 FROM delivery_attempt a, clock
-WHERE a.finished_at > clock.now - interval '1 day'
+WHERE a.started_at > clock.now - interval '25 hours'
+  AND a.finished_at > clock.now - interval '1 day'
   AND a.finished_at <= clock.now
 GROUP BY a.outcome
 ORDER BY a.outcome;

@@ -35,7 +35,7 @@ CREATE TABLE delivery_attempt (
     CONSTRAINT delivery_attempt_attempt_no_check CHECK ((attempt_no >= 1)),
     CONSTRAINT delivery_attempt_delivery_id_fkey FOREIGN KEY (delivery_id) REFERENCES webhook_delivery(delivery_id),
     CONSTRAINT delivery_attempt_pkey PRIMARY KEY (delivery_id, attempt_no)
-);
+) WITH (fillfactor=50);
 
 CREATE TABLE delivery_identity (
     delivery_id text NOT NULL,
@@ -156,7 +156,7 @@ CREATE TABLE webhook_delivery (
     CONSTRAINT webhook_delivery_destination_id_fkey FOREIGN KEY (destination_id) REFERENCES webhook_destination(destination_id),
     CONSTRAINT webhook_delivery_dispatch_count_check CHECK ((dispatch_count >= 0)),
     CONSTRAINT webhook_delivery_pkey PRIMARY KEY (delivery_id)
-);
+) WITH (fillfactor=70);
 
 CREATE TABLE webhook_destination (
     destination_id text NOT NULL,
@@ -224,8 +224,6 @@ CREATE INDEX dagster_step_output_created ON public.dagster_step_output USING btr
 CREATE UNIQUE INDEX dagster_step_output_pkey ON public.dagster_step_output USING btree (run_id, step_key, output_name, mapping_key);
 
 CREATE INDEX delivery_attempt_destination ON public.delivery_attempt USING btree (destination_id, started_at);
-
-CREATE INDEX delivery_attempt_finished ON public.delivery_attempt USING btree (finished_at, outcome);
 
 CREATE UNIQUE INDEX delivery_attempt_pkey ON public.delivery_attempt USING btree (delivery_id, attempt_no);
 

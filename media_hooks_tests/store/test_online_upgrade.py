@@ -5,8 +5,10 @@ migration intends. (docs/upgrading.md: schema first, then workers.)"""
 from __future__ import annotations
 
 from functools import partial
+from typing import NamedTuple
 
 import psycopg
+import pytest
 from psycopg.rows import dict_row
 
 from media_hooks.devtools.receiver import Receiver, Reply
@@ -16,8 +18,27 @@ from media_hooks.store import db, migrations, sqlfiles
 from media_hooks_tests.factories import add_deliveries, add_destination
 from media_hooks_tests.interleaving import in_background, wait_for
 
-IN_PLACE = "0022_outbox_published_in_place.sql"
 COUNT = 600
+
+
+class InPlace(NamedTuple):
+    """What a migration changes in place: a table's pages left part free, and where it drops
+    the index that named the column of the table's one update, that update made heap-only."""
+
+    table: str
+    fillfactor: int
+    dropped_index: str | None
+
+
+IN_PLACE = {
+    "0022_outbox_published_in_place.sql": InPlace(
+        "dispatch_outbox", 50, "dispatch_outbox_unpublished"
+    ),
+    "0023_attempts_ended_in_place.sql": InPlace(
+        "delivery_attempt", 50, "delivery_attempt_finished"
+    ),
+    "0024_delivery_moves_on_their_page.sql": InPlace("webhook_delivery", 70, None),
+}
 
 
 def _updates(conn: psycopg.Connection, table: str) -> tuple[int, int]:
@@ -31,15 +52,20 @@ def _updates(conn: psycopg.Connection, table: str) -> tuple[int, int]:
     return row["updates"], row["hot"]
 
 
-def test_the_outbox_goes_in_place_while_the_previous_release_delivers(empty_database_url, settings):
-    """0022 applied mid-run: the run started on 0021's schema delivers every delivery once,
-    `check` holds, and the publications made after the migration are heap-only updates (before
-    it, none can be: dispatch_outbox_unpublished names the column they change)."""
+@pytest.mark.parametrize("name", sorted(IN_PLACE))
+def test_an_update_goes_in_place_while_the_previous_release_delivers(
+    empty_database_url, settings, name
+):
+    """The migration applied mid-run: the run started on the schema before it delivers every
+    delivery once, `check` holds, and the table's pages are left part free; where an index
+    goes, the table's updates made after the migration are heap-only (before it, none can be:
+    the index names a column they change). 0022: the outbox's publications; 0023: the
+    attempts' endings; 0024: the deliveries' state moves, on their own page."""
+    change = IN_PLACE[name]
     url = empty_database_url
-    files = sqlfiles.load_migrations()
-    before = next(m.version for m in files if m.name == IN_PLACE) - 1
+    version = next(m.version for m in sqlfiles.load_migrations() if m.name == name)
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-        migrations.migrate(conn, up_to=before)
+        migrations.migrate(conn, up_to=version - 1)
         # A reply that takes a moment keeps the run going while the migration applies.
         with Receiver(reply=Reply(delay_seconds=0.05)) as receiver:
             add_destination(
@@ -51,17 +77,25 @@ def test_the_outbox_goes_in_place_while_the_previous_release_delivers(empty_data
                 deliver = partial(deliver_due, pool, "run-upgrade", settings, page_size=25)
                 with in_background(deliver) as run:
                     wait_for(lambda: len(receiver.requests) >= COUNT // 8, "a run under way", 60)
-                    applied = migrations.migrate(conn).applied
+                    applied = migrations.migrate(conn, up_to=version).applied
                     during = len(receiver.requests)
                 result = run.result()
             requests = receiver.requests_by_id
-        assert applied == [IN_PLACE]
+        assert applied == [name]
         assert during < COUNT, "the migration applied while the run still delivered"
         assert result.totals.succeeded == COUNT
         assert len(requests) == COUNT and set(requests.values()) == {1}
         assert checks.run(conn).holds
-        wait_for(lambda: _updates(conn, "dispatch_outbox")[0] >= COUNT, "the statistics", 30)
-        updates, hot = _updates(conn, "dispatch_outbox")
-        assert hot >= (COUNT - during) // 2, f"{hot} of {updates} publications heap-only"
+        (options,) = (
+            conn.execute("SELECT reloptions FROM pg_class WHERE relname = %s", (change.table,))
+            .fetchone()
+            .values()
+        )
+        assert options == [f"fillfactor={change.fillfactor}"]
+        if change.dropped_index is None:
+            return
+        wait_for(lambda: _updates(conn, change.table)[0] >= COUNT, "the statistics", 30)
+        updates, hot = _updates(conn, change.table)
+        assert hot >= (COUNT - during) // 2, f"{hot} of {updates} of {change.table} heap-only"
         indexes = {r["indexname"] for r in conn.execute("SELECT indexname FROM pg_indexes")}
-        assert "dispatch_outbox_unpublished" not in indexes
+        assert change.dropped_index not in indexes

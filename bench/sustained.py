@@ -54,6 +54,7 @@ from bench import processes, stats
 from bench.fast_receiver import fast_receiver
 from bench.scratch import RESULTS, Destination, Scratch, add_destinations, machine, postgres
 from bench.scratch import server_url as default_server_url
+from media_hooks.observe import checks
 
 WINDOWS = 20
 # The tables whose statistics and sizes each window records; the first four hold the history
@@ -454,6 +455,10 @@ def drive(url: str, size: Size, receiver: str, home: Path, deadline: float) -> d
         states = {r["state"]: r["n"] for r in windows.conn.execute(STATES)}
         indexes = windows.conn.execute(INDEX_SIZES, {"tables": list(TABLES)}).fetchall()
         totals = totals_over(windows.first, windows.last) if windows.begun.is_set() else {}
+        # `media-hooks check`, whole history, once every role has stopped: the issue's
+        # "holds at the end of the long run".
+        with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+            check = checks.run(conn, checks.Options(full=True)).as_dict()
     errors = [line for line in log_path.read_text().splitlines() if "Error" in line][-5:]
     return {
         "seconds": round(time.monotonic() - started, 1),
@@ -469,6 +474,7 @@ def drive(url: str, size: Size, receiver: str, home: Path, deadline: float) -> d
         "role_exits": exits,
         "role_errors": errors,
         "states_at_end": states,
+        "check_at_end": check,
         "index_bytes_at_end": [dict(r) for r in indexes],
         "totals": totals,
         "windows": windows.closed,

@@ -92,12 +92,23 @@ def targets(document: Document) -> list[dict[str, Any]]:
             document.get("deliveries_done"),
             ISSUE_DELIVERIES,
         ),
+        stats.target(
+            "`media-hooks check --all` holds at the end: invariant violations",
+            _violations(document.get("check_at_end")),
+            0,
+            at_most=True,
+        ),
     ]
     for target, bound in zip(
-        found, (WAL_BOUND, HOT_BOUND, 0.9, 1.5, 1.2, ISSUE_DELIVERIES), strict=True
+        found, (WAL_BOUND, HOT_BOUND, 0.9, 1.5, 1.2, ISSUE_DELIVERIES, 0), strict=True
     ):
         target["bound"] = bound
     return found
+
+
+def _violations(check: dict[str, Any] | None) -> int | None:
+    """How many rows broke an invariant in the end-of-run check (None: not checked)."""
+    return None if check is None else sum(c["violations"] for c in check["checks"])
 
 
 def _number(value: Any) -> str:

@@ -73,6 +73,9 @@ def test_ci_size_runs_every_window_under_load_and_writes_its_report(
     assert totals["updates_per_delivery"]["webhook_delivery"] >= 2.5
     assert 0 <= totals["hot_ratio"]["webhook_delivery"] <= 1
     assert document["postgres"]["settings"]["autovacuum"] == "on"
+    # `check --all` ran once every role had stopped, and the invariants held.
+    check = document["check_at_end"]
+    assert check["since"] is None and check["holds"], check
 
     summary = (out / "SUMMARY.md").read_text()
     assert summary.startswith("# Sustained load: ci")

@@ -61,3 +61,23 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 15.0) ->
             return
         time.sleep(0.01)
     pytest.fail(f"timed out waiting for {what}")
+
+
+@contextmanager
+def snapshot_held(
+    database_url: str, application_name: str = "nightly-report", *, write: bool = False
+) -> Iterator[int]:
+    """Another session left idle in an open transaction (its pid): a repeatable-read one that
+    has read (it holds a snapshot), or with ``write`` a read-committed one that has written (it
+    holds a transaction id). Either keeps vacuum from rows deleted or updated since."""
+    with psycopg.connect(
+        database_url, autocommit=True, application_name=application_name
+    ) as holder:
+        if write:
+            holder.execute("BEGIN")
+            holder.execute("SELECT txid_current()")
+        else:
+            holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            holder.execute("SELECT count(*) FROM webhook_delivery")
+        yield holder.info.backend_pid
+        holder.execute("ROLLBACK")

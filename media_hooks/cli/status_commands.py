@@ -35,6 +35,7 @@ def _headline(f: figures.Figures) -> list[list[str]]:
         ["oldest enqueued", format_age(f.oldest_enqueued_age_seconds)],
         ["expired leases", str(f.expired_leases)],
         ["dead letters", f"{f.dead_letters}{newest_dead}"],
+        ["oldest snapshot", f.oldest_snapshot.describe() if f.oldest_snapshot else "none"],
     ]
 
 

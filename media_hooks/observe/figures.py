@@ -1,8 +1,9 @@
 """The operator's figures: is anything late, waiting by policy, or lost?
 
-One ``measure`` reads everything ``status``, ``metrics`` and the Dagster lag sensor show, in
-four statements over the partial indexes of the schema (``sql/queries/figures.sql``), so a
-scrape or a sensor tick costs the same on ten rows or ten million. No Dagster here.
+One ``measure`` reads everything ``status``, ``metrics`` and the Dagster lag sensor show, in a
+few statements over the partial indexes of the schema and one read of ``pg_stat_activity``
+(``sql/queries/figures.sql``), so a scrape or a sensor tick costs the same on ten rows or ten
+million. No Dagster here.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import psycopg
 
+from media_hooks.observe.inspection import format_age
 from media_hooks.outbox.cohort import Cohort
 from media_hooks.store.sqlfiles import query
 
@@ -47,6 +49,25 @@ class DestinationFlag:
 
 
 @dataclass(frozen=True)
+class SnapshotHolder:
+    """The session that holds back vacuum the longest: what an operator needs to end it (never
+    its query, which may carry secrets)."""
+
+    pid: int
+    application_name: str
+    state: str | None
+    since: datetime
+    age_seconds: float
+
+    def describe(self) -> str:
+        state = f", {self.state}" if self.state else ""
+        return (
+            f"a transaction open for {format_age(self.age_seconds)} (pid {self.pid}, "
+            f"application_name {self.application_name!r}{state}) holds back vacuum"
+        )
+
+
+@dataclass(frozen=True)
 class Figures:
     measured_at: datetime
     # destination_id (or event type, counts_by) -> state -> count (only states that have rows);
@@ -67,7 +88,13 @@ class Figures:
     attempts_last_hour: dict[str, int] = field(default_factory=dict)
     attempts_last_day: dict[str, int] = field(default_factory=dict)
     dead_heads: tuple[DeadHead, ...] = ()
+    # The oldest snapshot vacuum must respect; None when no other session holds one.
+    oldest_snapshot: SnapshotHolder | None = None
     counts_by: str = "destination"
+
+    @property
+    def oldest_snapshot_age_seconds(self) -> float | None:
+        return None if self.oldest_snapshot is None else self.oldest_snapshot.age_seconds
 
     @property
     def totals(self) -> dict[str, int]:
@@ -164,6 +191,13 @@ def _attempts(conn: psycopg.Connection, now: datetime | None):
     return hour, day
 
 
+def _oldest_snapshot(conn: psycopg.Connection, measured_at: datetime) -> SnapshotHolder | None:
+    row = conn.execute(query("figures_oldest_snapshot")).fetchone()
+    if row is None:
+        return None
+    return SnapshotHolder(**row, age_seconds=_seconds_since(measured_at, row["since"]) or 0.0)
+
+
 def measure(
     conn: psycopg.Connection, *, now: datetime | None = None, by: str = "destination"
 ) -> Figures:
@@ -192,6 +226,7 @@ def measure(
             DeadHead(**row)
             for row in conn.execute(query("figures_dead_heads"), {"limit": DEAD_HEADS_SHOWN})
         ),
+        oldest_snapshot=_oldest_snapshot(conn, at),
         counts_by=by,
     )
 

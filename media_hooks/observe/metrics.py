@@ -1,6 +1,6 @@
 """The operator's figures as Prometheus gauges (``media-hooks metrics``).
 
-A custom collector: each scrape measures afresh with ``figures.measure`` (four statements over
+A custom collector: each scrape measures afresh with ``figures.measure`` (a few statements over
 partial indexes) plus the destination list (a small table), so a scrape costs the same on ten
 rows or ten million, and nothing is cached between scrapes. Every figure is a gauge: they are
 levels read from the tables, not counters kept by this process. Ages of nothing (no due row, no
@@ -107,6 +107,12 @@ def figure_metrics(measured: figures.Figures, destinations: list[dict[str, Any]]
             "oldest_enqueued_age_seconds",
             "Age of the oldest delivery waiting enqueued for its run; 0 when none.",
             measured.oldest_enqueued_age_seconds or 0.0,
+        ),
+        _single(
+            "oldest_snapshot_age_seconds",
+            "Age of the oldest transaction of another session that holds back vacuum in this "
+            "database (row versions left by deliveries since cannot be removed); 0 when none.",
+            measured.oldest_snapshot_age_seconds or 0.0,
         ),
         _single(
             "expired_leases",

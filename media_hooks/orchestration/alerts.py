@@ -27,6 +27,8 @@ class Thresholds:
     oldest_due_seconds: float = 900.0
     relay_lag_seconds: float = 900.0
     expired_leases: int = 1
+    # A snapshot held this long keeps vacuum from every row version deliveries left behind since.
+    oldest_snapshot_seconds: float = 3600.0
 
     @classmethod
     def from_env(cls) -> Thresholds:
@@ -38,6 +40,9 @@ class Thresholds:
                 "MEDIA_HOOKS_ALERT_RELAY_LAG_SECONDS", 900.0, SECONDS_UP_TO_30_DAYS
             ),
             expired_leases=from_env("MEDIA_HOOKS_ALERT_EXPIRED_LEASES", 1, COUNT),
+            oldest_snapshot_seconds=from_env(
+                "MEDIA_HOOKS_ALERT_OLDEST_SNAPSHOT_SECONDS", 3600.0, SECONDS_UP_TO_30_DAYS
+            ),
         )
 
     def breaches(self, f: Figures) -> list[str]:
@@ -54,6 +59,9 @@ class Thresholds:
             )
         if f.expired_leases >= self.expired_leases:
             found.append(f"{f.expired_leases} expired lease(s) (threshold {self.expired_leases})")
+        holder = f.oldest_snapshot
+        if holder is not None and holder.age_seconds >= self.oldest_snapshot_seconds:
+            found.append(f"{holder.describe()} (threshold {self.oldest_snapshot_seconds:.0f}s)")
         return found
 
 

@@ -10,6 +10,9 @@ page says which publisher is behind and why. Its checks:
 - the oldest due delivery's age and the relay lag against the alert thresholds
   (``MEDIA_HOOKS_ALERT_OLDEST_DUE_SECONDS``, ``MEDIA_HOOKS_ALERT_RELAY_LAG_SECONDS``): WARN past
   the threshold, ERROR past ``ERROR_FACTOR`` times it;
+- ``oldest_snapshot``: the same against ``MEDIA_HOOKS_ALERT_OLDEST_SNAPSHOT_SECONDS``, for the
+  oldest transaction of another session (it keeps vacuum from what deliveries leave behind),
+  naming its pid and application_name;
 - ``destinations_sending``: WARN while a destination is disabled (the SSRF guard, a 410, the
   circuit breaker, an operator), naming each;
 - ``last_run_delivered``: WARN when the newest delivery run delivered nothing while work was
@@ -84,6 +87,7 @@ outbox = AssetSpec(
 
 OLDEST_DUE = "oldest_due_age"
 RELAY_LAG = "relay_lag"
+OLDEST_SNAPSHOT = "oldest_snapshot"
 DESTINATIONS = "destinations_sending"
 LAST_RUN = "last_run_delivered"
 _FIGURE_CHECKS = {
@@ -96,6 +100,12 @@ _FIGURE_CHECKS = {
         "The oldest outbox message still waited for was published within the alert threshold "
         f"(MEDIA_HOOKS_ALERT_RELAY_LAG_SECONDS, 900 s): WARN past it, ERROR past {ERROR_FACTOR} "
         "times it."
+    ),
+    OLDEST_SNAPSHOT: (
+        "No other session has held a transaction open past the alert threshold "
+        "(MEDIA_HOOKS_ALERT_OLDEST_SNAPSHOT_SECONDS, 3600 s): while one is open, vacuum keeps "
+        "every row version deliveries leave behind and claims slow down. WARN past it, naming "
+        f"the session (pid, application_name), ERROR past {ERROR_FACTOR} times it."
     ),
     DESTINATIONS: (
         "No destination is disabled (by the SSRF guard, a 410, the circuit breaker, settings out "
@@ -220,6 +230,20 @@ def threshold_verdict(name: str, what: str, seconds: float | None, threshold: fl
     )
 
 
+def snapshot_verdict(f: figures.Figures, threshold: float) -> Verdict:
+    """``threshold_verdict`` on the oldest snapshot, naming the session that holds it."""
+    verdict = threshold_verdict(
+        OLDEST_SNAPSHOT, "oldest snapshot", f.oldest_snapshot_age_seconds, threshold
+    )
+    if verdict.passed or f.oldest_snapshot is None:
+        return verdict
+    return replace(
+        verdict,
+        description=f"{f.oldest_snapshot.describe()}, past {threshold:g} s: end the session or "
+        "let it finish (`media-hooks status`).",
+    )
+
+
 def destinations_table(reading: OutboxHealth) -> str:
     """Every destination with something to say: its state, why, what waits and since when."""
     f = reading.figures
@@ -308,6 +332,7 @@ def verdicts(reading: OutboxHealth, thresholds: Thresholds, last_run: Verdict) -
         threshold_verdict(
             RELAY_LAG, "relay lag", f.relay_lag_seconds, thresholds.relay_lag_seconds
         ),
+        snapshot_verdict(f, thresholds.oldest_snapshot_seconds),
         destinations_verdict(reading),
         last_run,
     ]

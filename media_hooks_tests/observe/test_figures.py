@@ -16,6 +16,7 @@ from media_hooks_tests.factories import (
     claim_all,
     claim_and_publish,
 )
+from media_hooks_tests.interleaving import snapshot_held
 
 
 def _prepare(conn) -> None:
@@ -151,6 +152,25 @@ def test_empty_database_has_no_ages(conn):
     assert f.relay_lag_seconds is None
     assert f.totals == dict.fromkeys(figures.COUNTED, 0)
     assert "oldest due none" in f.headline()
+
+
+@pytest.mark.parametrize("write", [False, True], ids=["a snapshot", "a transaction id"])
+def test_the_oldest_snapshot_names_the_session_that_holds_vacuum_back(conn, database_url, write):
+    assert figures.measure(conn).oldest_snapshot is None
+    with snapshot_held(database_url, write=write) as pid:
+        two_hours_on = conn.execute("SELECT now() + interval '2 hours' AS t").fetchone()["t"]
+        f = figures.measure(conn, now=two_hours_on)
+        holder = f.oldest_snapshot
+        assert (holder.pid, holder.application_name, holder.state) == (
+            pid,
+            "nightly-report",
+            "idle in transaction",
+        )
+        assert f.oldest_snapshot_age_seconds == pytest.approx(7200, abs=60)
+        assert holder.describe().startswith("a transaction open for 2h 0m (pid ")
+        assert json.loads(json.dumps(f.as_dict()))["oldest_snapshot"]["pid"] == pid
+    # Ended: nothing holds vacuum back (the measuring session's own snapshot does not count).
+    assert figures.measure(conn).oldest_snapshot is None
 
 
 @pytest.mark.parametrize(

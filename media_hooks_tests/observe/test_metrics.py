@@ -45,6 +45,8 @@ def test_every_scrape_measures_afresh(conn, database_url):
     assert after[("media_hooks_dead_letters", (("destination_id", "alpha"),))] == 1
     assert after[("media_hooks_attempts_finished_last_hour", (("outcome", "rejected"),))] == 2
     assert after[("media_hooks_oldest_due_age_seconds", ())] > 0
+    # No other session holds a transaction open.
+    assert after[("media_hooks_oldest_snapshot_age_seconds", ())] == 0
 
 
 def test_an_unreadable_database_is_a_figure_not_an_error():

@@ -4,16 +4,20 @@ and by every delivery run, which materializes the outbox and tags a run that nee
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import UTC, datetime
+
 import pytest
 from dagster import AssetCheckSeverity, DagsterEventType, build_sensor_context
 
-from media_hooks.observe import checks
+from media_hooks.observe import checks, figures
 from media_hooks.orchestration import outbox_asset
 from media_hooks.orchestration.definitions import defs, outbox_checks_sensor
 from media_hooks.orchestration.metadata import ALERT_TAG
 from media_hooks.orchestration.resources import DeliverySettingsResource, PostgresResource
 from media_hooks.outbox.destinations import disable_destination
 from media_hooks_tests.factories import add_deliveries, add_destination
+from media_hooks_tests.interleaving import snapshot_held, wait_for
 from media_hooks_tests.observe.test_checks import BREAKS, history  # noqa: F401 (a fixture)
 from media_hooks_tests.orchestration.conftest import deliver
 
@@ -92,7 +96,7 @@ def test_the_sensor_evaluates_every_check_without_a_run(own_instance, database_u
     assert result.run_requests == []
     # The sensor's page shows each tick's cursor: what fails, in words.
     assert result.cursor.startswith(
-        "1 of 16 outbox checks fail: delivery_without_identity (ERROR): 1 row(s) break it "
+        "1 of 17 outbox checks fail: delivery_without_identity (ERROR): 1 row(s) break it "
         "(d-pub-2): every delivery holds its identity row (invariant 8)"
     )
 
@@ -110,6 +114,40 @@ def test_lateness_warns_past_its_threshold_and_errs_past_four_times_it(
     erred = _execute_checks(own_instance, database_url)["oldest_due_age"]
     assert (erred.passed, erred.severity) == (False, AssetCheckSeverity.ERROR)
     assert _execute_checks(own_instance, database_url)["relay_lag"].passed
+
+
+def test_a_transaction_left_open_fails_the_snapshot_check_naming_its_session(
+    own_instance, database_url, conn, monkeypatch
+):
+    """A session idle in its transaction keeps vacuum from what deliveries leave behind: past
+    four times the threshold the check is an ERROR naming the session; ended, it passes."""
+    monkeypatch.setenv("MEDIA_HOOKS_ALERT_OLDEST_SNAPSHOT_SECONDS", "0.25")
+    with snapshot_held(database_url) as pid:
+        wait_for(
+            lambda: (figures.measure(conn).oldest_snapshot_age_seconds or 0) >= 1,
+            "the open transaction to be a second old",
+        )
+        erred = _execute_checks(own_instance, database_url)["oldest_snapshot"]
+    assert (erred.passed, erred.severity) == (False, AssetCheckSeverity.ERROR)
+    assert f"(pid {pid}, application_name 'nightly-report', idle in transaction)" in (
+        erred.description
+    )
+    assert _execute_checks(own_instance, database_url)["oldest_snapshot"].passed
+
+
+def test_the_snapshot_check_warns_from_its_threshold_and_errs_from_four_times_it():
+    holder = figures.SnapshotHolder(42, "nightly-report", "active", datetime.now(UTC), 0.0)
+    at = datetime.now(UTC)
+
+    def verdict(age: float | None) -> outbox_asset.Verdict:
+        held = None if age is None else replace(holder, age_seconds=age)
+        f = figures.Figures(at, {}, None, None, None, None, None, 0, 0, None, oldest_snapshot=held)
+        return outbox_asset.snapshot_verdict(f, 3600.0)
+
+    assert verdict(None).passed and verdict(3599.0).passed
+    assert (verdict(3600.0).passed, verdict(3600.0).severity) == (False, AssetCheckSeverity.WARN)
+    assert verdict(14400.0).severity == AssetCheckSeverity.ERROR
+    assert "pid 42" in verdict(3600.0).description
 
 
 def _evaluations_of(instance, run_id: str) -> dict[str, object]:

@@ -33,6 +33,7 @@ from dagster import (
 
 from media_hooks.core.errors import UserError
 from media_hooks.engine.delivery_run import deliver_due
+from media_hooks.observe import figures
 from media_hooks.orchestration import definitions, run_workers, schedules, sensors
 from media_hooks.orchestration.definitions import deliver_webhooks_job
 from media_hooks.orchestration.jobs import deliver_webhooks
@@ -43,6 +44,7 @@ from media_hooks.outbox.cohort import Cohort
 from media_hooks.outbox.destinations import enable_destination
 from media_hooks.outbox.emit import Event, emit
 from media_hooks_tests.factories import add_deliveries, add_destination, claim_all, states
+from media_hooks_tests.interleaving import snapshot_held, wait_for
 from media_hooks_tests.orchestration.conftest import hold_pool_slot, slot_holders
 
 lag_sensor = definitions.delivery_lag_sensor
@@ -363,6 +365,27 @@ def test_one_alert_per_incident_then_one_recovery(
     for _ in range(2):
         cursor = _tick(own_instance, database_url, cursor).cursor
     assert len(inbox.texts) == 2
+    assert inbox.texts[1].startswith("media_hooks: recovered")
+
+
+def test_a_transaction_left_open_is_alerted_naming_its_session(
+    own_instance, database_url, conn, inbox, monkeypatch
+):
+    monkeypatch.setenv("MEDIA_HOOKS_ALERT_URL", inbox.url)
+    monkeypatch.setenv("MEDIA_HOOKS_ALERT_OLDEST_SNAPSHOT_SECONDS", "0.25")
+    with snapshot_held(database_url, "nightly-report") as pid:
+        wait_for(
+            lambda: (figures.measure(conn).oldest_snapshot_age_seconds or 0) >= 0.25,
+            "the open transaction to pass the threshold",
+        )
+        cursor = _tick(own_instance, database_url).cursor
+    assert len(inbox.texts) == 1
+    assert inbox.texts[0].startswith("media_hooks: delivery incident: a transaction open for ")
+    assert (
+        f"(pid {pid}, application_name 'nightly-report', idle in transaction)" in (inbox.texts[0])
+    )
+    assert "holds back vacuum (threshold 0s)" in inbox.texts[0]
+    _tick(own_instance, database_url, cursor)
     assert inbox.texts[1].startswith("media_hooks: recovered")
 
 

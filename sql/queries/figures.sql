@@ -110,6 +110,27 @@ FROM webhook_destination
 WHERE NOT enabled OR paused_until > COALESCE(%(now)s::timestamptz, now())
 ORDER BY destination_id;
 
+-- name: figures_oldest_snapshot
+-- description: the session whose snapshot or transaction id is the oldest this database's
+--   vacuum must keep rows for, other than the measuring one: while it stays open, no row
+--   version a delivery leaves behind (every state move leaves one) can be removed, and claims,
+--   leases and status step over more of them each minute. Sessions of this database and
+--   walsenders (a standby's hot_standby_feedback); autovacuum workers are left out (a lazy
+--   vacuum's snapshot holds nothing back). Sessions of other roles are seen only with
+--   pg_read_all_stats (the embedded server's user is a superuser). Never a query's text.
+--   pg_stat_activity is an in-memory view: the same cost on ten rows or ten million.
+SELECT a.pid,
+       coalesce(nullif(a.application_name, ''), a.backend_type) AS application_name,
+       a.state,
+       coalesce(a.xact_start, a.backend_start) AS since
+FROM pg_stat_activity AS a
+WHERE a.pid <> pg_backend_pid()
+  AND (a.datname = current_database() OR a.backend_type = 'walsender')
+  AND a.backend_type <> 'autovacuum worker'
+  AND (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)
+ORDER BY greatest(age(a.backend_xmin), age(a.backend_xid)) DESC, since
+LIMIT 1;
+
 -- name: figures_oldest_due_by_destination
 -- description: each destination's oldest pending delivery that is due now, whatever its
 -- destination's condition (a paused or disabled one's included): which publisher is behind. One

@@ -132,4 +132,8 @@ class RetentionConfig(Config):
         "(the duplicate window).",
     )
     batch_size: int = Field(default=1000, description="Deliveries deleted per transaction.")
-    max_batches: int = Field(default=1000, description="Most batches one run deletes.")
+    max_batches: int = Field(
+        default=100_000,
+        description="Most batches one run deletes (the next run carries on): a safety bound "
+        "far above a day's deliveries, so the daily run keeps up.",
+    )

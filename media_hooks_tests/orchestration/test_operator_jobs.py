@@ -31,6 +31,23 @@ def test_retention_job_purges_aged_terminal_rows_and_keeps_tombstones(instance, 
     assert sorted(tombs) == sorted(old)
 
 
+def test_one_retention_run_purges_more_than_a_thousand_batches_by_default(
+    instance, database_url, conn
+):
+    """A daily run must purge a day's deliveries: a run stopped at 1,000 batches (a million
+    deliveries, the bound before) fell a little further behind every day at more."""
+    add_destination(conn, "live", "http://127.0.0.1:9/live")
+    add_deliveries(conn, "live", 1500, state="succeeded", age_seconds=40 * DAY)
+    result = retention.execute_in_process(
+        run_config={"ops": {"purge_terminal_deliveries": {"config": {"batch_size": 1}}}},
+        resources=_resources(database_url),
+        instance=instance,
+    )
+    figures = result.output_for_node("purge_terminal_deliveries")
+    assert (figures["deliveries"], figures["truncated"]) == (1500, False)
+    assert conn.execute("SELECT count(*) AS n FROM webhook_delivery").fetchone()["n"] == 0
+
+
 def test_requeue_job_dry_run_moves_nothing_then_the_real_one_moves_the_cohort(
     instance, database_url, conn
 ):

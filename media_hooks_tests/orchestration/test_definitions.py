@@ -33,7 +33,9 @@ def test_definitions_resolve_with_every_job_schedule_and_sensor():
     assert [k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()] == [
         "media_hooks/outbox"
     ]
-    assert len(repo.asset_graph.asset_check_keys) == len(checks.CHECKS) + 1 + 4
+    # The invariants, the counts, and the figure checks (oldest due, relay lag, oldest
+    # snapshot, destinations sending, last run delivered).
+    assert len(repo.asset_graph.asset_check_keys) == len(checks.CHECKS) + 1 + 5
     assert all(s.default_status == DefaultScheduleStatus.RUNNING for s in repo.schedule_defs)
     assert all(s.default_status == DefaultSensorStatus.RUNNING for s in repo.sensor_defs)
     assert deliver_webhooks_job().name == "deliver_webhooks"

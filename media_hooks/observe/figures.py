@@ -50,8 +50,9 @@ class DestinationFlag:
 
 @dataclass(frozen=True)
 class SnapshotHolder:
-    """The session that holds back vacuum the longest: what an operator needs to end it (never
-    its query, which may carry secrets)."""
+    """The session that holds back vacuum the longest (a worker's transaction of a few
+    milliseconds, most of the time): what an operator needs to end it, never its query, which
+    may carry secrets."""
 
     pid: int
     application_name: str
@@ -63,7 +64,7 @@ class SnapshotHolder:
         state = f", {self.state}" if self.state else ""
         return (
             f"a transaction open for {format_age(self.age_seconds)} (pid {self.pid}, "
-            f"application_name {self.application_name!r}{state}) holds back vacuum"
+            f"application_name {self.application_name!r}{state})"
         )
 
 

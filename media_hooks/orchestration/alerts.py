@@ -61,7 +61,10 @@ class Thresholds:
             found.append(f"{f.expired_leases} expired lease(s) (threshold {self.expired_leases})")
         holder = f.oldest_snapshot
         if holder is not None and holder.age_seconds >= self.oldest_snapshot_seconds:
-            found.append(f"{holder.describe()} (threshold {self.oldest_snapshot_seconds:.0f}s)")
+            found.append(
+                f"{holder.describe()} holds back vacuum "
+                f"(threshold {self.oldest_snapshot_seconds:.0f}s)"
+            )
         return found
 
 

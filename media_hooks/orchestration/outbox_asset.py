@@ -239,8 +239,8 @@ def snapshot_verdict(f: figures.Figures, threshold: float) -> Verdict:
         return verdict
     return replace(
         verdict,
-        description=f"{f.oldest_snapshot.describe()}, past {threshold:g} s: end the session or "
-        "let it finish (`media-hooks status`).",
+        description=f"{f.oldest_snapshot.describe()} holds back vacuum, past {threshold:g} s: "
+        "end the session or let it finish (`media-hooks status`).",
     )
 
 

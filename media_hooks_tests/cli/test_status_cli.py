@@ -94,6 +94,8 @@ def test_status_text_is_aligned_with_human_ages(conn, prepared, cli_env):
     assert any(line.startswith("beta") and "paused" in line for line in lines)
     assert any(line.startswith("gamma") and "disabled" in line for line in lines)
     assert "success" in out and "last hour" in out
+    # No other session holds a transaction open (the command's own does not count).
+    assert any(line.split() == ["oldest", "snapshot", "none"] for line in lines)
 
 
 def test_status_on_an_unreachable_database_is_a_runtime_failure(cli_env):

@@ -32,16 +32,21 @@ class Thresholds:
 
     @classmethod
     def from_env(cls) -> Thresholds:
+        # Each default is the field's own, so the two cannot drift apart.
         return cls(
             oldest_due_seconds=from_env(
-                "MEDIA_HOOKS_ALERT_OLDEST_DUE_SECONDS", 900.0, SECONDS_UP_TO_30_DAYS
+                "MEDIA_HOOKS_ALERT_OLDEST_DUE_SECONDS",
+                cls.oldest_due_seconds,
+                SECONDS_UP_TO_30_DAYS,
             ),
             relay_lag_seconds=from_env(
-                "MEDIA_HOOKS_ALERT_RELAY_LAG_SECONDS", 900.0, SECONDS_UP_TO_30_DAYS
+                "MEDIA_HOOKS_ALERT_RELAY_LAG_SECONDS", cls.relay_lag_seconds, SECONDS_UP_TO_30_DAYS
             ),
-            expired_leases=from_env("MEDIA_HOOKS_ALERT_EXPIRED_LEASES", 1, COUNT),
+            expired_leases=from_env("MEDIA_HOOKS_ALERT_EXPIRED_LEASES", cls.expired_leases, COUNT),
             oldest_snapshot_seconds=from_env(
-                "MEDIA_HOOKS_ALERT_OLDEST_SNAPSHOT_SECONDS", 3600.0, SECONDS_UP_TO_30_DAYS
+                "MEDIA_HOOKS_ALERT_OLDEST_SNAPSHOT_SECONDS",
+                cls.oldest_snapshot_seconds,
+                SECONDS_UP_TO_30_DAYS,
             ),
         )
 

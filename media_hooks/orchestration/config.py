@@ -10,6 +10,7 @@ from pydantic import Field
 from media_hooks.core.config import run_runtime
 from media_hooks.core.errors import UserError
 from media_hooks.outbox.cohort import Cohort
+from media_hooks.outbox.maintenance.retention import RetentionPolicy
 
 
 class CohortConfig(Config):
@@ -131,9 +132,11 @@ class RetentionConfig(Config):
         description="Recognise a purged delivery_id this many days after its event "
         "(the duplicate window).",
     )
-    batch_size: int = Field(default=1000, description="Deliveries deleted per transaction.")
+    batch_size: int = Field(
+        default=RetentionPolicy.batch_size, description="Deliveries deleted per transaction."
+    )
     max_batches: int = Field(
-        default=100_000,
+        default=RetentionPolicy.max_batches,
         description="Most batches one run deletes (the next run carries on): a safety bound "
         "far above a day's deliveries, so the daily run keeps up.",
     )

@@ -143,6 +143,9 @@ def test_python_and_node_workers_at_once_share_the_limits_and_never_succeed_twic
             node, "cdn", "--json", "--run-id", "run-node", "--page-size", "10", env=node_env
         )
         try:
+            # Both runtimes must deliver: on a loaded machine the Node worker can take seconds
+            # to start, and a Python run started first would take every page alone.
+            wait_for(lambda: _dispatched_by(conn, "run-node"), "the Node worker's first claim", 60)
             with in_background(lambda: deliver_due(pool, "run-python", settings, page_size=10)):
                 out, err = worker.communicate(timeout=120)
         finally:
@@ -168,6 +171,11 @@ def test_python_and_node_workers_at_once_share_the_limits_and_never_succeed_twic
     )
     assert rate_limits.in_flight(conn, "cdn") == []
     _check_holds(cli_env)
+
+
+def _dispatched_by(conn, run_id: str) -> bool:
+    found = conn.execute("SELECT 1 FROM dispatch_outbox WHERE run_id = %s LIMIT 1", (run_id,))
+    return found.fetchone() is not None
 
 
 def _launched_by_dagster(node: str, env: dict[str, str], *destinations: str):

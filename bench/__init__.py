@@ -16,7 +16,8 @@ on shared parts:
 
 On request only (``--only sustained``, and its own command ``python -m bench.sustained``):
 ``sustained`` (8), emit, delivery and retention at once for weeks' worth of deliveries
-(``sustained_roles`` its processes, ``sustained_report`` its targets, plots and summary).
+(``sustained_roles`` its processes, ``sustained_report`` its targets, plots and summary,
+``sustained_history`` the deep history ``--history`` writes before a run).
 ``python -m bench.hot_path_prototype`` measures what a delivery writes in today's layout and in
 the one docs/design/hot-path.md proposes.
 

@@ -4,6 +4,7 @@
     python -m bench.sustained --size baseline --out DIR     # 300,000: an informative hour's share
     python -m bench.sustained --size issue --out DIR        # 5,000,000: the issue's report
     python -m bench.sustained --deliveries 200000 --out DIR # any size's settings, another count
+    python -m bench.sustained --size deep --history 3000000 --out DIR  # beside a deep history
     python -m bench.sustained --report --out DIR            # redraw the plots and the summary
     python -m bench --only sustained                        # as a section of the report
 
@@ -24,6 +25,11 @@ process), the WAL written per delivery (``pg_current_wal_lsn``), each table's HO
 ratio, sizes, dead tuples and autovacuum runs (``pg_stat_user_tables``). Writes
 ``sustained.json``, ``SUMMARY.md`` (the issue's targets, met or not and by how much) and one
 PNG per metric to ``--out``.
+
+``--history N`` first writes N delivered deliveries, spread over the 80% of the retention
+window before the run (``bench.sustained_history``): the history a platform keeps for weeks,
+which the hot path works beside. The ``deep`` size keeps a day (nothing is purged during the
+run), so its runs with and without ``--history`` differ in the history's depth alone.
 
 WAL is the server's: on a shared server (``MEDIA_HOOKS_DATABASE_URL``) other databases' writes
 count too; the embedded server (the default) has only this one.
@@ -50,7 +56,7 @@ from typing import IO, Any
 import psycopg
 from psycopg.rows import dict_row
 
-from bench import processes, stats
+from bench import processes, stats, sustained_history
 from bench.fast_receiver import fast_receiver
 from bench.scratch import RESULTS, Destination, Scratch, add_destinations, machine, postgres
 from bench.scratch import server_url as default_server_url
@@ -95,6 +101,8 @@ class Size:
     backoff_cap: float
     # The run stops here, finished or not (the summary then says how far it got).
     time_limit: float
+    # Delivered deliveries written before the run (bench.sustained_history).
+    history: int = 0
 
 
 SIZES = {
@@ -105,6 +113,9 @@ SIZES = {
     ),
     "issue": Size(
         "issue", 5_000_000, 8, 2, 40, 4, 3_000, 1_000, 250, 10_000, 60, 180, 10, 3, 0.5, 4, 8 * 3_600
+    ),
+    "deep": Size(
+        "deep", 500_000, 8, 2, 40, 4, 3_000, 1_000, 250, 10_000, 86_400, 172_800, 10, 3, 0.5, 4, 3_600
     ),
 }  # fmt: skip
 
@@ -427,6 +438,11 @@ def role_env(url: str, home: Path) -> dict[str, str]:
 def drive(url: str, size: Size, receiver: str, home: Path, deadline: float) -> dict[str, Any]:
     """Seed, run the three roles until the last window closes (or ``deadline``), stop them."""
     destination_ids = seed(url, size, receiver)
+    preloaded = (
+        sustained_history.preload(url, size.history, destination_ids, 0.8 * size.retain_seconds)
+        if size.history
+        else None
+    )
     env = role_env(url, home)
     started = time.monotonic()
     windows = Windows(url, size.deliveries)
@@ -462,6 +478,7 @@ def drive(url: str, size: Size, receiver: str, home: Path, deadline: float) -> d
     errors = [line for line in log_path.read_text().splitlines() if "Error" in line][-5:]
     return {
         "seconds": round(time.monotonic() - started, 1),
+        "history_preload_seconds": preloaded,
         "complete": len(windows.closed) == WINDOWS,
         # At the last window's end; the engine delivers a little more while it stops.
         "deliveries_done": windows.last.get("terminal", 0),
@@ -595,6 +612,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--size", choices=sorted(SIZES), default="baseline")
     parser.add_argument("--deliveries", type=int, help="the size's settings, this many deliveries")
+    parser.add_argument(
+        "--history", type=int, help="delivered deliveries to write before the run (a deep history)"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "sustained")
     parser.add_argument(
         "--report", action="store_true", help="only redraw the plots and SUMMARY.md from the JSON"
@@ -612,6 +632,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.deliveries < WINDOWS * 10:
             parser.error(f"--deliveries must be at least {WINDOWS * 10} (20 windows of 10)")
         size = replace(size, deliveries=args.deliveries)
+    if args.history is not None:
+        if args.history < 0:
+            parser.error("--history must be 0 or more")
+        size = replace(size, history=args.history)
     document = run(size)
     document["command"] = shlex.join(["python", "-m", "bench.sustained", *(argv or sys.argv[1:])])
     write(document, args.out)

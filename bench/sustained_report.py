@@ -164,7 +164,14 @@ def render(document: Document) -> str:
         f"rows; the producer emits {size['emit_batch']:,} a transaction (COPY) while fewer than "
         f"{size['backlog']:,} are due; retention every {size['retention_every']:g} s purges "
         f"terminal deliveries older than {size['retain_seconds']:g} s and tombstones older than "
-        f"{size['duplicate_seconds']:g} s (the duplicate window).",
+        f"{size['duplicate_seconds']:g} s (the duplicate window)."
+        + (
+            f" Before the run, {size['history']:,} delivered deliveries were written as history "
+            f"(in {document.get('history_preload_seconds')} s), spread over the "
+            f"{0.8 * size['retain_seconds']:g} s before it."
+            if size.get("history")
+            else ""
+        ),
         f"Outcome: {document.get('deliveries_done', 0):,} deliveries done by the last window's "
         f"end; by the time the engine stopped, {document.get('succeeded_by_the_end', 0):,} "
         f"succeeded, {document.get('dead_by_the_end', 0):,} dead, "

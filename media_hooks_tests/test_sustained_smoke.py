@@ -114,3 +114,35 @@ def test_autovacuum_is_on_for_the_run_and_back_off_after_it_where_the_server_had
             conn.execute("ALTER SYSTEM RESET autovacuum")
             conn.execute("SELECT pg_reload_conf()")
     _wait_for_setting(server_url, "autovacuum", "on")
+
+
+def test_a_preloaded_history_is_delivered_history_every_invariant_accepts(database_url: str, conn):
+    """``--history``: what it writes is what delivery runs leave (a succeeded delivery, its
+    published outbox row, its success attempt, its identity), spread oldest first over the
+    span, vacuumed; and `check --all` holds on it."""
+    from bench.sustained_history import preload
+    from media_hooks.observe import checks
+    from media_hooks_tests.factories import add_destination, states
+
+    for name in ("dest-1", "dest-2"):
+        add_destination(conn, name, url="http://127.0.0.1:9/")
+    preload(database_url, 500, ["dest-1", "dest-2"], span_seconds=3_600)
+
+    assert states(conn) == {"succeeded": 500}
+    counts = conn.execute(
+        "SELECT (SELECT count(*) FROM dispatch_outbox WHERE published_at IS NOT NULL) AS outbox,"
+        " (SELECT count(*) FROM delivery_attempt WHERE outcome = 'success') AS attempts,"
+        " (SELECT count(*) FROM delivery_identity) AS identities,"
+        " (SELECT count(DISTINCT destination_id) FROM webhook_delivery) AS destinations,"
+        " (SELECT extract(epoch FROM max(created_at) - min(created_at)) FROM webhook_delivery)"
+        "   AS span,"
+        " (SELECT max(updated_at) <= now() FROM webhook_delivery) AS past"
+    ).fetchone()
+    assert counts["outbox"] == counts["attempts"] == counts["identities"] == 500
+    assert counts["destinations"] == 2 and counts["past"]
+    assert 3_500 < counts["span"] <= 3_600
+    oldest = conn.execute(
+        "SELECT delivery_id FROM webhook_delivery ORDER BY created_at LIMIT 1"
+    ).fetchone()
+    assert oldest["delivery_id"] == "history-1"
+    assert checks.run(conn, checks.Options(full=True)).holds

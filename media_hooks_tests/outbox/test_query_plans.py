@@ -474,3 +474,63 @@ def _every_index(plan: dict) -> set[str]:
     for child in plan.get("Plans", []):
         found |= _every_index(child)
     return found
+
+
+def _rows_read(plan: dict, relation: str) -> int:
+    """Rows a plan's scans of ``relation`` fetched, the ones its filters removed included."""
+    read = 0
+    if plan.get("Relation Name") == relation:
+        loops = plan.get("Actual Loops", 1)
+        read += (plan.get("Actual Rows", 0) + plan.get("Rows Removed by Filter", 0)) * loops
+    return read + sum(_rows_read(child, relation) for child in plan.get("Plans", []))
+
+
+def test_the_circuit_breaker_reads_the_failing_destinations_attempts_not_the_whole_stretch(
+    server_url, template_name
+):
+    """Every delivery run starts with the breaker. Beside a day of attempts of tens of healthy
+    destinations (21,000 here; a busy platform's are millions), it reads a few of each one's
+    to see a success, and only the failing destination's attempts to count them."""
+    healthy = [f"healthy-{n}" for n in range(30)]
+    name = create_database(server_url, template=template_name)
+    try:
+        with psycopg.connect(
+            with_database(server_url, name), autocommit=True, row_factory=dict_row
+        ) as conn:
+            for destination in healthy:
+                add_destination(conn, destination)
+                add_deliveries(conn, destination, 700)
+            add_destination(conn, "flaky")
+            add_deliveries(conn, "flaky", 1)
+            conn.execute(
+                """
+                INSERT INTO delivery_attempt (delivery_id, attempt_no, destination_id,
+                    lease_token, started_at, finished_at, outcome, error)
+                SELECT d.delivery_id, 1, d.destination_id, gen_random_uuid(), t.at, t.at,
+                       'success', NULL
+                FROM webhook_delivery AS d
+                CROSS JOIN LATERAL (SELECT now() - make_interval(  -- one every 2 min, 28 h
+                    secs => 144 * split_part(d.delivery_id, '-', 4)::integer) AS at) AS t
+                WHERE d.destination_id <> 'flaky';
+                INSERT INTO delivery_attempt (delivery_id, attempt_no, destination_id,
+                    lease_token, started_at, finished_at, outcome, error)
+                SELECT 'd-flaky-1', g, 'flaky', gen_random_uuid(),
+                       now() - make_interval(hours => 30) + make_interval(mins => g * 50),
+                       now(), 'retryable', 'HTTP 500'
+                FROM generate_series(1, 30) AS g;
+                """
+            )
+            conn.execute("VACUUM ANALYZE delivery_attempt")
+            with conn.transaction(force_rollback=True):
+                statement = f"EXPLAIN (ANALYZE, FORMAT JSON) {query('trip_circuit_breakers')}"
+                params = {"stretch_seconds": 86400.0, "min_attempts": 20}
+                (plan,) = conn.execute(statement.encode(), params).fetchone()["QUERY PLAN"]
+                tripped = conn.execute(
+                    "SELECT destination_id FROM webhook_destination WHERE NOT enabled"
+                ).fetchall()
+    finally:
+        drop_database(server_url, name)
+    print(json.dumps(plan["Plan"], indent=1)[:6000])
+    assert tripped == [{"destination_id": "flaky"}]
+    # A few rows a destination, the failing one's 30: not the stretch's 18,000.
+    assert _rows_read(plan["Plan"], "delivery_attempt") < 500

@@ -199,6 +199,45 @@ SELECT ((SELECT count(*) FROM enqueued) + (SELECT count(*) FROM leases))::intege
 --   stretch: it was already being tried before the stretch began, at least min_attempts
 --   attempts failed within it, and none succeeded. Its deliveries wait in pending; none is
 --   lost or killed, and an operator's enable resumes them.
+--   Every delivery run starts with it, so it reads per destination, cheapest test first: a
+--   success in the stretch (delivery_attempt_destination from the stretch's start: for a
+--   healthy destination, the first few rows), then an attempt before it, and only for a
+--   destination that passes both, its failures. Its cost is the failing destinations'
+--   attempts, not the stretch's (a day of every destination's attempts, read by every run).
+--   The two tests are scalar subqueries in the index's order with LIMIT 1, so that each is a
+--   probe of one destination's range: as EXISTS the planner may join them as a hash over the
+--   whole stretch, and without the order it may read the table hoping for an early success.
+-- keeps: invariant 3 (it stops the sending only: every delivery stays pending and
+--   discoverable, due again once an operator enables the destination).
+WITH suspect AS MATERIALIZED (
+    SELECT w.destination_id, now() - make_interval(secs => %(stretch_seconds)s) AS since
+    FROM webhook_destination AS w
+    WHERE w.enabled
+      AND (SELECT a.started_at FROM delivery_attempt AS a
+           WHERE a.destination_id = w.destination_id
+             AND a.started_at >= now() - make_interval(secs => %(stretch_seconds)s)
+             AND a.outcome = 'success'
+           ORDER BY a.destination_id, a.started_at
+           LIMIT 1) IS NULL
+      AND (SELECT a.started_at FROM delivery_attempt AS a
+           WHERE a.destination_id = w.destination_id
+             AND a.started_at < now() - make_interval(secs => %(stretch_seconds)s)
+           ORDER BY a.destination_id, a.started_at
+           LIMIT 1) IS NOT NULL
+),
+failing AS (
+    SELECT s.destination_id, s.since, f.failures, f.last_error
+    FROM suspect AS s
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS failures,
+               (array_agg(a.error ORDER BY a.started_at DESC))[1] AS last_error
+        FROM delivery_attempt AS a
+        WHERE a.destination_id = s.destination_id
+          AND a.started_at >= s.since
+          AND a.outcome IN ('retryable', 'ambiguous', 'rejected')
+    ) AS f
+    WHERE f.failures >= %(min_attempts)s
+)
 UPDATE webhook_destination AS w
 SET enabled = false,
     disabled_at = now(),
@@ -206,28 +245,7 @@ SET enabled = false,
                       || to_char(failing.since AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
                       || ' failed (last: ' || coalesce(failing.last_error, 'no error text') || ')',
     updated_at = now()
-FROM (
-    SELECT a.destination_id,
-           count(*) AS failures,
-           now() - make_interval(secs => %(stretch_seconds)s) AS since,
-           (array_agg(a.error ORDER BY a.started_at DESC))[1] AS last_error
-    FROM delivery_attempt AS a
-    WHERE a.started_at >= now() - make_interval(secs => %(stretch_seconds)s)
-      AND a.outcome IN ('retryable', 'ambiguous', 'rejected')
-    GROUP BY a.destination_id
-    HAVING count(*) >= %(min_attempts)s
-) AS failing
+FROM failing
 WHERE w.destination_id = failing.destination_id
   AND w.enabled
-  AND EXISTS (
-      SELECT 1 FROM delivery_attempt AS a
-      WHERE a.destination_id = w.destination_id
-        AND a.started_at < now() - make_interval(secs => %(stretch_seconds)s)
-  )
-  AND NOT EXISTS (
-      SELECT 1 FROM delivery_attempt AS a
-      WHERE a.destination_id = w.destination_id
-        AND a.started_at >= now() - make_interval(secs => %(stretch_seconds)s)
-        AND a.outcome = 'success'
-  )
 RETURNING w.destination_id, w.disabled_reason;

@@ -257,6 +257,6 @@ def run_deliveries(args: argparse.Namespace) -> int:
             if not args.until_idle or _idle(url, config) or watchdog.expired:
                 break
     with db.connect(url, autocommit=True) as conn:
-        report.attention(health.attention(figures.measure(conn), args.destination))
+        report.attention(health.attention(figures.measure(conn, history=False), args.destination))
     report.finish()
     return 0

@@ -23,6 +23,8 @@ STATES = ("pending", "enqueued", "leased", "succeeded", "dead")
 CLOSED = ("superseded", "discarded")
 COUNTED = STATES + CLOSED
 GROUPINGS = {"destination": "figures_counts_by_state", "event-type": "figures_counts_by_event_type"}
+# Without the history: open and dead deliveries only, through their partial indexes.
+OPEN_COUNTS = "figures_open_counts_by_state"
 DEAD_HEADS_SHOWN = 20
 
 
@@ -92,6 +94,9 @@ class Figures:
     # The oldest snapshot vacuum must respect; None when no other session holds one.
     oldest_snapshot: SnapshotHolder | None = None
     counts_by: str = "destination"
+    # False when the history was left out (measure(history=False)): no succeeded counts, no
+    # attempts by outcome.
+    history: bool = True
 
     @property
     def oldest_snapshot_age_seconds(self) -> float | None:
@@ -163,11 +168,11 @@ def _seconds_since(measured_at: datetime, then: datetime | None) -> float | None
     return max(0.0, (measured_at - then).total_seconds())
 
 
-def _counts(conn: psycopg.Connection, by: str) -> dict[str, dict[str, int]]:
+def _counts(conn: psycopg.Connection, statement: str) -> dict[str, dict[str, int]]:
     counts: dict[str, dict[str, int]] = {}
-    for row in conn.execute(query(GROUPINGS[by])):
+    for row in conn.execute(query(statement)):
         counts.setdefault(row["key"], {})[row["state"]] = row["n"]
-    if by == "destination":
+    if statement != GROUPINGS["event-type"]:
         for row in conn.execute(query("figures_closed_counts")):
             by_state = counts[row["key"]]
             by_state[row["state"]] = row["n"]
@@ -200,17 +205,25 @@ def _oldest_snapshot(conn: psycopg.Connection, measured_at: datetime) -> Snapsho
 
 
 def measure(
-    conn: psycopg.Connection, *, now: datetime | None = None, by: str = "destination"
+    conn: psycopg.Connection,
+    *,
+    now: datetime | None = None,
+    by: str = "destination",
+    history: bool = True,
 ) -> Figures:
     """Every figure at one instant (``now``, or the database server's clock); counts grouped
-    ``by`` destination or event-type."""
+    ``by`` destination or event-type. ``history=False`` leaves out what grows with the history
+    retention keeps (succeeded deliveries, a day of attempts; counts by destination): what a
+    delivery run and a sensor tick read, each time, whatever the volume."""
+    if not history and by != "destination":
+        raise ValueError("figures without the history are counted by destination")
     scalars = conn.execute(query("figures_scalars"), {"now": now}).fetchone()
     at = scalars["measured_at"]
     paused, disabled = _flags(conn, now, at)
-    hour, day = _attempts(conn, now)
+    hour, day = _attempts(conn, now) if history else ({}, {})
     return Figures(
         measured_at=at,
-        counts=_counts(conn, by),
+        counts=_counts(conn, GROUPINGS[by] if history else OPEN_COUNTS),
         oldest_due_age_seconds=_seconds_since(at, scalars["oldest_due_at"]),
         oldest_due_at=scalars["oldest_due_at"],
         oldest_due_any_age_seconds=_seconds_since(at, scalars["oldest_due_any_at"]),
@@ -229,6 +242,7 @@ def measure(
         ),
         oldest_snapshot=_oldest_snapshot(conn, at),
         counts_by=by,
+        history=history,
     )
 
 

@@ -114,14 +114,16 @@ def _measure_waking_parked_heads(
     parked while the delivery before them settled), when no run would come for other work:
     they then wait a tick and a catch-up run, not for the nightly run. While there is other
     work, the run it brings wakes them in its sweeps, and the tick spares the walk."""
-    measured = figures.measure(conn)
+    measured = figures.measure(conn, history=False)
     if measured.work_waiting(settings.enqueue_timeout_seconds):
         return "", measured
     woken = sweeps.sweep_wake_parked_heads(conn)
     if not woken:
         return "", measured
     context.log.info(f"woke {woken} parked delivery(ies) heading their asset's queue")
-    return f"woke {woken} parked delivery(ies) heading their asset's queue; ", figures.measure(conn)
+    return f"woke {woken} parked delivery(ies) heading their asset's queue; ", figures.measure(
+        conn, history=False
+    )
 
 
 def _decide(

@@ -17,6 +17,7 @@ from media_hooks_tests.factories import (
     claim_and_publish,
 )
 from media_hooks_tests.interleaving import snapshot_held
+from media_hooks_tests.plans import rows_read
 
 
 def _prepare(conn) -> None:
@@ -207,3 +208,27 @@ def test_each_figure_is_an_index_scan(conn, name):
     for table in ("webhook_delivery", "dispatch_outbox", "delivery_attempt"):
         assert f"Seq Scan on {table}" not in plan, plan
     assert "Index" in plan, plan
+
+
+def test_without_the_history_a_measurement_reads_the_open_and_dead_deliveries_only(conn):
+    """What every delivery run and sensor tick measure: the same counts but succeeded ones,
+    no attempts by outcome, and a read bounded by the backlog and the dead letters, not by
+    the weeks of succeeded history beside them (20,000 rows here)."""
+    _prepare(conn)
+    add_deliveries(conn, "live", 20_000, state="succeeded", prefix="history")
+    conn.execute("VACUUM ANALYZE webhook_delivery")
+
+    whole, lean = figures.measure(conn), figures.measure(conn, history=False)
+    assert lean.counts == {
+        destination: {state: n for state, n in by_state.items() if state != "succeeded"}
+        for destination, by_state in whole.counts.items()
+    }
+    assert whole.totals["succeeded"] == 20_005 and lean.totals["succeeded"] == 0
+    assert (lean.attempts_last_hour, lean.attempts_last_day, lean.history) == ({}, {}, False)
+    assert lean.headline() == whole.headline()
+    with pytest.raises(ValueError, match="by destination"):
+        figures.measure(conn, history=False, by="event-type")
+
+    statement = "EXPLAIN (ANALYZE, FORMAT JSON) " + query(figures.OPEN_COUNTS)
+    (plan,) = conn.execute(statement.encode()).fetchone()["QUERY PLAN"]
+    assert rows_read(plan["Plan"], "webhook_delivery") < 100, plan

@@ -22,6 +22,7 @@ from media_hooks.store.db import with_database
 from media_hooks.store.sqlfiles import queries, query
 from media_hooks_tests.conftest import create_database, drop_database
 from media_hooks_tests.factories import add_deliveries, add_destination, claim_all
+from media_hooks_tests.plans import rows_read
 
 BIG_TABLES = {"webhook_delivery", "dispatch_outbox", "delivery_attempt"}
 
@@ -476,15 +477,6 @@ def _every_index(plan: dict) -> set[str]:
     return found
 
 
-def _rows_read(plan: dict, relation: str) -> int:
-    """Rows a plan's scans of ``relation`` fetched, the ones its filters removed included."""
-    read = 0
-    if plan.get("Relation Name") == relation:
-        loops = plan.get("Actual Loops", 1)
-        read += (plan.get("Actual Rows", 0) + plan.get("Rows Removed by Filter", 0)) * loops
-    return read + sum(_rows_read(child, relation) for child in plan.get("Plans", []))
-
-
 def test_the_circuit_breaker_reads_the_failing_destinations_attempts_not_the_whole_stretch(
     server_url, template_name
 ):
@@ -533,4 +525,4 @@ def test_the_circuit_breaker_reads_the_failing_destinations_attempts_not_the_who
     print(json.dumps(plan["Plan"], indent=1)[:6000])
     assert tripped == [{"destination_id": "flaky"}]
     # A few rows a destination, the failing one's 30: not the stretch's 18,000.
-    assert _rows_read(plan["Plan"], "delivery_attempt") < 500
+    assert rows_read(plan["Plan"], "delivery_attempt") < 500

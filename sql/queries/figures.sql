@@ -9,6 +9,25 @@ FROM webhook_delivery
 GROUP BY destination_id, state
 ORDER BY destination_id, state;
 
+-- name: figures_open_counts_by_state
+-- description: deliveries per destination in the states that are not history (pending,
+--   enqueued, leased, dead), each through its own partial index (webhook_delivery_due_by_
+--   destination, _enqueued, _lease, _dead): what every delivery run and every sensor tick
+--   read. Bounded by the backlog and the dead letters, never by the succeeded history
+--   retention keeps for weeks (figures_counts_by_state counts that too: status, the asset).
+SELECT destination_id AS key, 'pending' AS state, count(*) AS n
+FROM webhook_delivery WHERE state = 'pending' GROUP BY destination_id
+UNION ALL
+SELECT destination_id, 'enqueued', count(*)
+FROM webhook_delivery WHERE state = 'enqueued' GROUP BY destination_id
+UNION ALL
+SELECT destination_id, 'leased', count(*)
+FROM webhook_delivery WHERE state = 'leased' GROUP BY destination_id
+UNION ALL
+SELECT destination_id, 'dead', count(*)
+FROM webhook_delivery WHERE state = 'dead' GROUP BY destination_id
+ORDER BY 1, 2;
+
 -- name: figures_closed_counts
 -- description: dead deliveries closed unsent (superseded, discarded) per destination: counted
 -- under their reason, not as dead (index webhook_delivery_dead).

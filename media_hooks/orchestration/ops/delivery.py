@@ -145,7 +145,7 @@ def prepare(
     started = time.monotonic()
     settings = delivery_settings.settings()
     with postgres.connection(db.Role.RECONCILER) as conn:
-        before = figures.measure(conn)
+        before = figures.measure(conn, history=False)
         recovered = _recover_dead_runs(context, conn, settings)
         swept = sweeps.run_sweeps(conn, settings)
         requeued = _requeue_dead(context, conn, config) if config.include_dead else 0

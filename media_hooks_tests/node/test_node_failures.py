@@ -24,7 +24,7 @@ from dagster import (
 from media_hooks.core import crashpoints
 from media_hooks.devtools.receiver import Receiver, Reply
 from media_hooks.engine.delivery_run import deliver_due
-from media_hooks.outbox import rate_limits
+from media_hooks.outbox import claims, rate_limits
 from media_hooks.outbox.maintenance import sweeps
 from media_hooks_tests.conftest import REPO, run_cli
 from media_hooks_tests.crashes import (
@@ -145,7 +145,9 @@ def test_python_and_node_workers_at_once_share_the_limits_and_never_succeed_twic
         try:
             # Both runtimes must deliver: on a loaded machine the Node worker can take seconds
             # to start, and a Python run started first would take every page alone.
-            wait_for(lambda: _dispatched_by(conn, "run-node"), "the Node worker's first claim", 60)
+            wait_for(
+                lambda: claims.run_dispatched(conn, "run-node"), "the Node worker's first claim", 60
+            )
             with in_background(lambda: deliver_due(pool, "run-python", settings, page_size=10)):
                 out, err = worker.communicate(timeout=120)
         finally:
@@ -171,11 +173,6 @@ def test_python_and_node_workers_at_once_share_the_limits_and_never_succeed_twic
     )
     assert rate_limits.in_flight(conn, "cdn") == []
     _check_holds(cli_env)
-
-
-def _dispatched_by(conn, run_id: str) -> bool:
-    found = conn.execute("SELECT 1 FROM dispatch_outbox WHERE run_id = %s LIMIT 1", (run_id,))
-    return found.fetchone() is not None
 
 
 def _launched_by_dagster(node: str, env: dict[str, str], *destinations: str):

@@ -168,11 +168,13 @@ def _seconds_since(measured_at: datetime, then: datetime | None) -> float | None
     return max(0.0, (measured_at - then).total_seconds())
 
 
-def _counts(conn: psycopg.Connection, statement: str) -> dict[str, dict[str, int]]:
+def _counts(
+    conn: psycopg.Connection, statement: str, *, by_destination: bool
+) -> dict[str, dict[str, int]]:
     counts: dict[str, dict[str, int]] = {}
     for row in conn.execute(query(statement)):
         counts.setdefault(row["key"], {})[row["state"]] = row["n"]
-    if statement != GROUPINGS["event-type"]:
+    if by_destination:
         for row in conn.execute(query("figures_closed_counts")):
             by_state = counts[row["key"]]
             by_state[row["state"]] = row["n"]
@@ -223,7 +225,9 @@ def measure(
     hour, day = _attempts(conn, now) if history else ({}, {})
     return Figures(
         measured_at=at,
-        counts=_counts(conn, GROUPINGS[by] if history else OPEN_COUNTS),
+        counts=_counts(
+            conn, GROUPINGS[by] if history else OPEN_COUNTS, by_destination=by == "destination"
+        ),
         oldest_due_age_seconds=_seconds_since(at, scalars["oldest_due_at"]),
         oldest_due_at=scalars["oldest_due_at"],
         oldest_due_any_age_seconds=_seconds_since(at, scalars["oldest_due_any_at"]),

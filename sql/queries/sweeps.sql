@@ -209,19 +209,23 @@ SELECT ((SELECT count(*) FROM enqueued) + (SELECT count(*) FROM leases))::intege
 --   whole stretch, and without the order it may read the table hoping for an early success.
 -- keeps: invariant 3 (it stops the sending only: every delivery stays pending and
 --   discoverable, due again once an operator enables the destination).
-WITH suspect AS MATERIALIZED (
-    SELECT w.destination_id, now() - make_interval(secs => %(stretch_seconds)s) AS since
+WITH stretch AS (
+    SELECT now() - make_interval(secs => %(stretch_seconds)s) AS since
+),
+suspect AS MATERIALIZED (
+    SELECT w.destination_id, stretch.since
     FROM webhook_destination AS w
+    CROSS JOIN stretch
     WHERE w.enabled
       AND (SELECT a.started_at FROM delivery_attempt AS a
            WHERE a.destination_id = w.destination_id
-             AND a.started_at >= now() - make_interval(secs => %(stretch_seconds)s)
+             AND a.started_at >= stretch.since
              AND a.outcome = 'success'
            ORDER BY a.destination_id, a.started_at
            LIMIT 1) IS NULL
       AND (SELECT a.started_at FROM delivery_attempt AS a
            WHERE a.destination_id = w.destination_id
-             AND a.started_at < now() - make_interval(secs => %(stretch_seconds)s)
+             AND a.started_at < stretch.since
            ORDER BY a.destination_id, a.started_at
            LIMIT 1) IS NOT NULL
 ),

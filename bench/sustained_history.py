@@ -24,7 +24,7 @@ PAD = "x" * 250
 
 # One statement per table for rows lo..hi; ``at`` is when the delivery ended (a second after
 # it was created), spread evenly over the span, oldest first. Ids and shapes as the producer
-# and the engine make them.
+# and the engine make them; the outbox, attempt and identity rows copy their delivery's.
 NUMBERED = """
 WITH n AS (
     SELECT g,
@@ -62,17 +62,15 @@ FROM n JOIN webhook_delivery AS d ON d.delivery_id = 'history-' || g
 INSERT INTO delivery_attempt (
     delivery_id, attempt_no, destination_id, message_id, run_id, lease_token, started_at,
     finished_at, outcome, http_status)
-SELECT 'history-' || g, 1, (%(destinations)s::text[])[1 + g %% %(n_destinations)s],
-       'history-' || g || ':1', 'history', gen_random_uuid(), at - interval '1 second', at,
-       'success', 200
-FROM n
+SELECT d.delivery_id, 1, d.destination_id, d.current_message_id, 'history', gen_random_uuid(),
+       d.created_at, d.updated_at, 'success', 200
+FROM n JOIN webhook_delivery AS d ON d.delivery_id = 'history-' || g
 """,
     NUMBERED
     + """
 INSERT INTO delivery_identity (delivery_id, destination_id, created_at)
-SELECT 'history-' || g, (%(destinations)s::text[])[1 + g %% %(n_destinations)s],
-       at - interval '1 second'
-FROM n
+SELECT d.delivery_id, d.destination_id, d.created_at
+FROM n JOIN webhook_delivery AS d ON d.delivery_id = 'history-' || g
 """,
 )
 TABLES = ("webhook_delivery", "dispatch_outbox", "delivery_attempt", "delivery_identity")

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from media_hooks.engine.pacing import SendPace
+from media_hooks_tests.envelope import envelope_excess
 
 
 def _send(pace: SendPace, wanted: float, rate: float, burst: int) -> float:
@@ -14,15 +15,6 @@ def _send(pace: SendPace, wanted: float, rate: float, burst: int) -> float:
     at = max(wanted, pace.earliest(rate, burst))
     pace.sent(at, rate)
     return at
-
-
-def _worst_excess(sends: list[float], rate: float, burst: int) -> float:
-    """The most sends of any window over burst + rate * t (at most 0: the envelope holds)."""
-    return max(
-        (j - i + 1) - burst - rate * (sends[j] - sends[i])
-        for i in range(len(sends))
-        for j in range(i, len(sends))
-    )
 
 
 def test_sends_on_their_granted_moments_are_never_held_back():
@@ -59,4 +51,17 @@ def test_any_lateness_keeps_the_envelope_on_the_sends(seed):
         late = rng.choice([0.0, 0.0, 0.0, rng.uniform(0, 0.08)])
         # The worker sends in turn: never before its previous send.
         sends.append(_send(pace, max([granted + late, *sends[-1:]]), rate, burst))
-    assert _worst_excess(sends, rate, burst) <= 1e-9
+    assert envelope_excess(sends, rate=rate, burst=burst, jitter=0.0) <= 1e-9
+
+
+def test_the_envelope_check_catches_a_doubled_rate_and_allows_only_the_jitter():
+    """The check the whole-run tests rely on: starts at twice the rate break it over a longer
+    window than the arrival jitter; starts on the rate hold, even when bunched by the jitter."""
+    rate, burst = 10.0, 2
+    on_rate = [max(0.0, (n - burst + 1) / rate) for n in range(40)]
+    doubled = [t / 2 for t in on_rate]
+    bunched = [t + (0.1 if n % 3 == 0 else 0.0) for n, t in enumerate(on_rate)]
+    assert envelope_excess(on_rate, rate=rate, burst=burst, jitter=0.0) <= 1e-9
+    assert envelope_excess(doubled, rate=rate, burst=burst) > 5
+    assert envelope_excess(bunched, rate=rate, burst=burst) <= 0
+    assert envelope_excess(bunched, rate=rate, burst=burst, jitter=0.0) > 0

@@ -65,7 +65,12 @@ def test_sealed_secrets_open_only_with_a_configured_key():
     assert KEY_A not in repr(a) and KEY_A not in a.describe()
 
 
-@pytest.mark.parametrize("value", ["not-a-key", f"{KEY_A},", "x" * 44, f"{KEY_A},{KEY_A[:-2]}"])
+# Named ids: the keys are made per session, and parallel workers must collect the same tests.
+@pytest.mark.parametrize(
+    "value",
+    ["not-a-key", f"{KEY_A},", "x" * 44, f"{KEY_A},{KEY_A[:-2]}"],
+    ids=["not-base64", "empty-second", "not-a-fernet-key", "truncated-second"],
+)
 def test_a_malformed_key_is_refused_without_echoing_it(value):
     with pytest.raises(UserError, match=f"{ENV}: key \\d of \\d is not a Fernet key") as refused:
         _with_env(value)

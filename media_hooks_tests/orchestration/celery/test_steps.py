@@ -22,6 +22,7 @@ from dagster import RunsFilter
 from media_hooks.devtools.celery_workers import attempted_by_worker, executions
 from media_hooks.devtools.receiver import ReceivedRequest, Receiver, Reply
 from media_hooks_tests.conftest import run_cli, run_cli_together, start_cli
+from media_hooks_tests.envelope import envelope_excess
 from media_hooks_tests.factories import add_deliveries, add_destination, states
 from media_hooks_tests.interleaving import wait_for
 
@@ -29,9 +30,6 @@ from media_hooks_tests.interleaving import wait_for
 pytestmark = pytest.mark.one_server
 RATE, BURST, IN_FLIGHT = 10.0, 2, 2
 ANSWER = Reply(delay_seconds=0.2)
-# A request reaches the receiver a little after its permit; the project's other limit tests
-# and the benchmark allow 20 ms of that in every window, and one start on a window's edge.
-ARRIVAL_SLACK = 0.02
 
 
 def _destinations(per_shard: int, shards: int = 2) -> list[str]:
@@ -66,18 +64,6 @@ def _by_destination(requests: list[ReceivedRequest]) -> dict[str, list[ReceivedR
     for request in requests:
         found[request.path.strip("/")].append(request)
     return found
-
-
-def _envelope_excess(starts: list[float]) -> float:
-    """How far the worst window of ``starts`` goes past ``burst + rate * t`` (0 or less: it
-    holds), with the arrival slack and one start on the window's edge allowed."""
-    starts = sorted(starts)
-    worst = float("-inf")
-    for i in range(len(starts)):
-        for j in range(i, len(starts)):
-            allowed = BURST + RATE * (starts[j] - starts[i] + ARRIVAL_SLACK) + 1
-            worst = max(worst, (j - i + 1) - allowed)
-    return worst
 
 
 def _most_in_flight(requests: list[ReceivedRequest]) -> int:
@@ -142,10 +128,16 @@ def test_shards_land_on_both_workers_and_limits_hold_across_them(
         ).fetchall()
         assert {r["destination_id"]: r["runs"] for r in shared} == dict.fromkeys(ids, 2)
         for destination_id, requests in _by_destination(receiver.requests[first_request:]).items():
-            assert _envelope_excess([r.arrived_monotonic for r in requests]) <= 0, destination_id
+            assert (
+                envelope_excess((r.arrived_monotonic for r in requests), rate=RATE, burst=BURST)
+                <= 0
+            ), destination_id
             assert _most_in_flight(requests) <= IN_FLIGHT, destination_id
         for destination_id, requests in _by_destination(receiver.requests[:first_request]).items():
-            assert _envelope_excess([r.arrived_monotonic for r in requests]) <= 0, destination_id
+            assert (
+                envelope_excess((r.arrived_monotonic for r in requests), rate=RATE, burst=BURST)
+                <= 0
+            ), destination_id
             assert _most_in_flight(requests) <= IN_FLIGHT, destination_id
 
 
@@ -223,6 +215,8 @@ def test_a_worker_killed_mid_run_loses_nothing(conn, celery_env, own_instance, w
     # The limits held across the two workers' sends to the killed worker's destinations.
     for destination_id in victim_ids:
         requests = sent[destination_id]
-        assert _envelope_excess([r.arrived_monotonic for r in requests]) <= 0, destination_id
+        assert (
+            envelope_excess((r.arrived_monotonic for r in requests), rate=RATE, burst=BURST) <= 0
+        ), destination_id
         assert _most_in_flight(requests) <= IN_FLIGHT, destination_id
     assert receiver.accepted_ids == {f"d-{d}-{n}" for d in ids for n in range(1, each + 1)}

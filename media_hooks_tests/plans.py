@@ -1,6 +1,11 @@
-"""Reading EXPLAIN (ANALYZE, FORMAT JSON) plans in tests: what a statement really read."""
+"""What statements really read, in tests: from EXPLAIN (ANALYZE, FORMAT JSON) plans, and from
+the server's statistics for a whole series of statements."""
 
 from __future__ import annotations
+
+import psycopg
+
+HISTORY_TABLES = ("webhook_delivery", "dispatch_outbox", "delivery_attempt", "delivery_identity")
 
 
 def rows_read(plan: dict, relation: str) -> int:
@@ -10,3 +15,20 @@ def rows_read(plan: dict, relation: str) -> int:
         loops = plan.get("Actual Loops", 1)
         read += (plan.get("Actual Rows", 0) + plan.get("Rows Removed by Filter", 0)) * loops
     return read + sum(rows_read(child, relation) for child in plan.get("Plans", []))
+
+
+def rows_fetched(conn: psycopg.Connection) -> int:
+    """Rows the history tables have handed to scans in this database so far (read in order,
+    or found by their indexes), as the statistics count them: the difference of two calls is
+    what the statements between them read, on any connection. ``conn``: autocommit."""
+    # This session's counts reach the statistics when it goes idle; the flush is forced, and
+    # the cached snapshot of them dropped, so that the next read sees every statement before.
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "SELECT (SELECT sum(seq_tup_read) FROM pg_stat_user_tables WHERE relname = ANY(%(t)s))"
+        "     + (SELECT sum(idx_tup_read) FROM pg_stat_user_indexes WHERE relname = ANY(%(t)s))"
+        "       AS n",
+        {"t": list(HISTORY_TABLES)},
+    ).fetchone()
+    return int(row["n"] if isinstance(row, dict) else row[0])

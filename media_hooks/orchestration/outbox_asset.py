@@ -168,12 +168,23 @@ class OutboxHealth:
         return health.disabled_destinations(self.figures)
 
 
-def measure(conn: psycopg.Connection, settings: Settings) -> OutboxHealth:
+def measure(
+    conn: psycopg.Connection,
+    settings: Settings,
+    *,
+    since: datetime | None = None,
+    history: bool = True,
+) -> OutboxHealth:
     """Reads the outbox (``conn``: autocommit, in the operator's role), as `media-hooks status`
-    and `media-hooks check` read it."""
-    options = checks.Options(hold_seconds=settings.lease_seconds)
+    and `media-hooks check` read it. ``since``: the checks read the history from that instant
+    (the database's clock) instead of the last day: a delivery run's summary reads what
+    happened since the run began. ``history=False``: nothing counts the succeeded history
+    retention keeps (figures.measure, checks.Options.succeeded), so the reading costs what the
+    day or the run did, not what the weeks before it left (a run's summary, the sensor's
+    ticks; the asset page's "Execute" reads it all)."""
+    options = checks.Options(hold_seconds=settings.lease_seconds, since=since, succeeded=history)
     return OutboxHealth(
-        figures=figures.measure(conn),
+        figures=figures.measure(conn, history=history),
         oldest_due=figures.oldest_due_by_destination(conn),
         invariants=checks.run(conn, options),
     )
@@ -183,11 +194,20 @@ def measure(conn: psycopg.Connection, settings: Settings) -> OutboxHealth:
 _NOT_DELIVERIES = {"permits_past_hold", checks.COUNTS.name}
 
 
-def invariant_verdict(result: checks.Result) -> Verdict:
+def invariant_verdict(result: checks.Result, since: datetime | None) -> Verdict:
+    """``since``: where the history the check read begins (a run's start, a day ago; None: all
+    of it), shown beside the verdict."""
+    read = {"history_read_since": "all of it" if since is None else since.isoformat("T", "seconds")}
     if result.holds:
-        return Verdict(result.name, True, f"Holds: {result.invariant}.", metadata={"violations": 0})
+        return Verdict(
+            result.name, True, f"Holds: {result.invariant}.", metadata={"violations": 0, **read}
+        )
     ids = list(result.examples)
-    metadata: dict[str, Any] = {"violations": result.violations, "ids": MetadataValue.json(ids)}
+    metadata: dict[str, Any] = {
+        "violations": result.violations,
+        "ids": MetadataValue.json(ids),
+        **read,
+    }
     if result.name not in _NOT_DELIVERIES:
         # An attempt is named delivery#attempt: its delivery's story is what to read.
         deliveries = dict.fromkeys(i.split("#")[0] for i in ids)
@@ -327,7 +347,7 @@ def verdicts(reading: OutboxHealth, thresholds: Thresholds, last_run: Verdict) -
     table = MetadataValue.md(destinations_table(reading))
     late = replace(late, metadata={**late.metadata, "destinations": table})
     return [
-        *(invariant_verdict(r) for r in reading.invariants.results),
+        *(invariant_verdict(r, reading.invariants.since) for r in reading.invariants.results),
         late,
         threshold_verdict(
             RELAY_LAG, "relay lag", f.relay_lag_seconds, thresholds.relay_lag_seconds
@@ -341,11 +361,13 @@ def verdicts(reading: OutboxHealth, thresholds: Thresholds, last_run: Verdict) -
 def materialization(reading: OutboxHealth) -> AssetMaterialization:
     f = reading.figures
     totals = f.totals
+    # A delivery run's reading leaves the succeeded history out: no count beats a wrong 0.
+    states = ("pending", "enqueued", "leased", *(("succeeded",) if f.history else ()))
     return AssetMaterialization(
         asset_key=OUTBOX,
         description=f.headline(),
         metadata={
-            **{state: totals[state] for state in ("pending", "enqueued", "leased", "succeeded")},
+            **{state: totals[state] for state in states},
             "dead_letters": f.dead_letters,
             "oldest_due_age_seconds": MetadataValue.float(f.oldest_due_age_seconds or 0.0),
             "oldest_due_any_age_seconds": MetadataValue.float(f.oldest_due_any_age_seconds or 0.0),
@@ -381,8 +403,10 @@ def newest_delivery_run(instance: DagsterInstance) -> tuple[str | None, Mapping[
     return run.run_id, run.tags
 
 
-def _current(instance: DagsterInstance, conn, settings: Settings) -> list[Verdict]:
-    reading = measure(conn, settings)
+def _current(
+    instance: DagsterInstance, conn, settings: Settings, *, history: bool = True
+) -> list[Verdict]:
+    reading = measure(conn, settings, history=history)
     return verdicts(
         reading, Thresholds.from_env(), last_run_verdict(*newest_delivery_run(instance))
     )
@@ -434,7 +458,8 @@ def build_outbox_checks_sensor(
         delivery_settings: DeliverySettingsResource,
     ) -> SensorResult:
         with postgres.connection() as conn:
-            found = _current(context.instance, conn, delivery_settings.settings())
+            # Every few minutes: the day's history, not the weeks retention keeps.
+            found = _current(context.instance, conn, delivery_settings.settings(), history=False)
         line = summary_line(found)
         context.log.info(line)
         return SensorResult(asset_events=[v.evaluation() for v in found], cursor=line[:1000])

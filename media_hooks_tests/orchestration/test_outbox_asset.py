@@ -5,13 +5,15 @@ and by every delivery run, which materializes the outbox and tags a run that nee
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from dagster import AssetCheckSeverity, DagsterEventType, build_sensor_context
 
+from bench.sustained_history import preload
 from media_hooks.observe import checks, figures
 from media_hooks.orchestration import outbox_asset
+from media_hooks.orchestration.alerts import Thresholds
 from media_hooks.orchestration.definitions import defs, outbox_checks_sensor
 from media_hooks.orchestration.metadata import ALERT_TAG
 from media_hooks.orchestration.resources import DeliverySettingsResource, PostgresResource
@@ -20,6 +22,7 @@ from media_hooks_tests.factories import add_deliveries, add_destination
 from media_hooks_tests.interleaving import snapshot_held, wait_for
 from media_hooks_tests.observe.test_checks import BREAKS, history  # noqa: F401 (a fixture)
 from media_hooks_tests.orchestration.conftest import deliver
+from media_hooks_tests.plans import rows_fetched
 
 INVARIANT_NAMES = [c.name for c in (*checks.CHECKS, checks.COUNTS)]
 
@@ -99,6 +102,69 @@ def test_the_sensor_evaluates_every_check_without_a_run(own_instance, database_u
         "1 of 17 outbox checks fail: delivery_without_identity (ERROR): 1 row(s) break it "
         "(d-pub-2): every delivery holds its identity row (invariant 8)"
     )
+
+
+def test_a_runs_reading_checks_the_live_rows_and_what_happened_since_it_began(
+    history,  # noqa: F811
+    settings,
+):
+    """A delivery run's summary reads the outbox since the run began: the live rows (leases,
+    open attempts) whenever they were made, the history from that instant on, and no count of
+    the succeeded history. The reading of the sensor and of the asset page stays whole."""
+    for name in ("open_attempt_past_lease", "two_successes"):
+        history.execute(BREAKS[name][0])
+    began = history.execute("SELECT now() AS began").fetchone()["began"]
+
+    run = outbox_asset.measure(history, settings, since=began, history=False)
+    whole = outbox_asset.measure(history, settings)
+
+    assert {r.name for r in whole.invariants.failed()} == {
+        "open_attempt_past_lease",
+        "two_successes",
+        "send_without_reason",  # the second success's send, after a success
+    }
+    # The two successes began before the run: the day's reading answers for them.
+    assert {r.name for r in run.invariants.failed()} == {"open_attempt_past_lease"}
+    assert (run.invariants.since, whole.invariants.since < began) == (began, True)
+    verdicts = {v.name: v for v in outbox_asset.verdicts(run, Thresholds(), _no_run())}
+    shown = verdicts["open_attempt_past_lease"].metadata["history_read_since"]
+    assert shown == began.isoformat("T", "seconds")
+    # Counts without the succeeded history, on both sides of counts_by_state, which holds.
+    assert (run.figures.totals["succeeded"], whole.figures.totals["succeeded"]) == (0, 3)
+    assert "counts_by_state" not in {r.name for r in run.invariants.failed()}
+    run_metadata = outbox_asset.materialization(run).metadata
+    assert "succeeded" not in run_metadata and run_metadata["leased"].value == 3
+    assert outbox_asset.materialization(whole).metadata["succeeded"].value == 3
+
+
+def _no_run() -> outbox_asset.Verdict:
+    return outbox_asset.last_run_verdict(None, {})
+
+
+def test_each_reading_costs_what_its_span_did_not_the_history_beside_it(
+    own_instance, conn, database_url, settings
+):
+    """Beside an hour of 3,000 delivered deliveries (each with its outbox row, attempt and
+    identity): a run's summary fetches a few rows; a tick of the sensor reads the day's checks
+    but counts no succeeded history; the asset page's "Execute" reads it all."""
+    add_destination(conn, "cdn", url="http://127.0.0.1:9/")
+    preload(database_url, 3_000, ["cdn"], span_seconds=3_600)
+    add_deliveries(conn, "cdn", 5)
+    began = conn.execute("SELECT now() AS began").fetchone()["began"]
+
+    def fetched(read) -> int:
+        before = rows_fetched(conn)
+        read()
+        return rows_fetched(conn) - before
+
+    by_run = fetched(lambda: outbox_asset.measure(conn, settings, since=began, history=False))
+    by_tick = fetched(lambda: _tick_checks(own_instance, database_url))
+    by_execute = fetched(lambda: _execute_checks(own_instance, database_url))
+
+    # Seen: 68, 24,078 and 39,080 (each check reads the hour through its own index; the whole
+    # reading also counts the 3,000 succeeded deliveries, twice, and the day's attempts).
+    assert by_run < 300, by_run
+    assert by_tick > 6_000 and by_execute - by_tick >= 6_000, (by_tick, by_execute)
 
 
 def test_lateness_warns_past_its_threshold_and_errs_past_four_times_it(
@@ -211,12 +277,20 @@ def test_a_run_that_delivers_is_green_with_passing_checks(
 ):
     add_destination(conn, "cdn", receiver.url + "cdn")
     add_deliveries(conn, "cdn", 2)
+    run_started = conn.execute("SELECT now() AS t").fetchone()["t"]
     run = deliver(own_instance, database_url)
     tags = own_instance.get_run_by_id(run.run_id).tags
     assert tags["media_hooks/outcome"] == "all-delivered" and ALERT_TAG not in tags
     evaluations = _evaluations_of(own_instance, run.run_id)
     assert [name for name, e in evaluations.items() if not e.passed] == []
     assert len(evaluations) == len(outbox_asset.SPECS)
+    # The run checked the history since it began, and counted no succeeded history.
+    began = datetime.fromisoformat(
+        evaluations["two_successes"].metadata["history_read_since"].value
+    )
+    assert run_started - timedelta(seconds=1) <= began <= datetime.now(UTC)
+    (materialized,) = own_instance.fetch_materializations(outbox_asset.OUTBOX, limit=5).records
+    assert "succeeded" not in materialized.asset_materialization.metadata
 
 
 def test_a_disabled_destination_tags_the_runs_that_answer_for_it(

@@ -313,6 +313,7 @@ def _check_parameters() -> dict:
         "lease_margin_seconds": 600.0,
         "hold_seconds": 90.0,
         "clock_slack_seconds": 5.0,
+        "succeeded": True,
     }
 
 

@@ -15,8 +15,11 @@
 SET LOCAL enable_seqscan = off;
 
 -- name: check_clock
--- description: the snapshot's instant, and where the window of history begins.
-SELECT now() AS now, now() - make_interval(secs => %(window_seconds)s) AS since;
+-- description: the snapshot's instant, and where the history read begins: the instant given
+--   as since (a delivery run's own start), else the window before now.
+SELECT now() AS now,
+       coalesce(%(since)s::timestamptz,
+                now() - make_interval(secs => %(window_seconds)s)) AS since;
 
 -- name: check_leased_without_one_open_attempt
 -- description: leased deliveries that do not have exactly one open attempt, their newest, under
@@ -225,11 +228,15 @@ FROM bad;
 -- name: check_counts_by_state
 -- description: deliveries per state counted through each state's own partial index
 --   (webhook_delivery_due, _enqueued, _lease, _dead, _terminal), to set against `status`'s
---   counts (figures_counts_by_state, through webhook_delivery_destination_state).
+--   counts (figures_counts_by_state, through webhook_delivery_destination_state). Succeeded
+--   deliveries only when asked (0 otherwise, and their subqueries never run): a delivery
+--   run's reading leaves out the history retention keeps.
 SELECT (SELECT count(*) FROM webhook_delivery WHERE state = 'pending') AS pending,
        (SELECT count(*) FROM webhook_delivery WHERE state = 'enqueued') AS enqueued,
        (SELECT count(*) FROM webhook_delivery WHERE state = 'leased') AS leased,
-       (SELECT count(*) FROM webhook_delivery
-         WHERE state IN ('succeeded', 'dead')) - (SELECT count(*) FROM webhook_delivery
-                                                   WHERE state = 'dead') AS succeeded,
+       CASE WHEN %(succeeded)s
+            THEN (SELECT count(*) FROM webhook_delivery
+                   WHERE state IN ('succeeded', 'dead')) - (SELECT count(*) FROM webhook_delivery
+                                                             WHERE state = 'dead')
+            ELSE 0 END AS succeeded,
        (SELECT count(*) FROM webhook_delivery WHERE state = 'dead') AS dead;

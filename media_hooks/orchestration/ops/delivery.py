@@ -7,6 +7,7 @@ page answers "what did this run claim, send, retry, give up on, and where are it
 import time
 import zlib
 from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime
 
 from dagster import (
     Backoff,
@@ -70,6 +71,9 @@ class Prepared:
     due_destinations: int
     # Which program delivers: the Python engine or the Node.js worker (DeliverConfig.runtime).
     runtime: str = "python"
+    # The database's clock as prepare began: the run's summary checks the history from here
+    # (None in a Prepared an earlier release wrote: a re-execution checks the day).
+    began_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,7 @@ def prepare(
         shards=shard_count,
         due_destinations=len(due),
         runtime=runtime,
+        began_at=before.measured_at,
     )
     yield Output(
         prepared,
@@ -385,7 +390,9 @@ def summarize_run(
 ) -> Output[RunSummary]:
     summary = summarize(context.run_id, results)
     with postgres.connection() as conn:
-        reading = outbox_asset.measure(conn, delivery_settings.settings())
+        reading = outbox_asset.measure(
+            conn, delivery_settings.settings(), since=prepared.began_at, history=False
+        )
     f = reading.figures
     named = prepared.cohort.destination_ids
     # A run for named destinations answers for those only.

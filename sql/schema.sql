@@ -263,8 +263,6 @@ CREATE INDEX webhook_delivery_asset_queue ON public.webhook_delivery USING btree
 
 CREATE INDEX webhook_delivery_dead ON public.webhook_delivery USING btree (destination_id, updated_at) WHERE (state = 'dead'::text);
 
-CREATE INDEX webhook_delivery_destination_state ON public.webhook_delivery USING btree (destination_id, state);
-
 CREATE INDEX webhook_delivery_due ON public.webhook_delivery USING btree (next_attempt_at, delivery_id) WHERE (state = 'pending'::text);
 
 CREATE INDEX webhook_delivery_due_by_destination ON public.webhook_delivery USING btree (destination_id, next_attempt_at, delivery_id) WHERE (state = 'pending'::text);
@@ -276,6 +274,8 @@ CREATE INDEX webhook_delivery_lease ON public.webhook_delivery USING btree (leas
 CREATE INDEX webhook_delivery_parked ON public.webhook_delivery USING btree (destination_id, asset_id, created_at, emit_seq NULLS FIRST, delivery_id) WHERE ((state = 'pending'::text) AND (next_attempt_at >= '9999-01-01 00:00:00+00'::timestamp with time zone));
 
 CREATE UNIQUE INDEX webhook_delivery_pkey ON public.webhook_delivery USING btree (delivery_id);
+
+CREATE INDEX webhook_delivery_succeeded_by_destination ON public.webhook_delivery USING btree (destination_id) WHERE (state = 'succeeded'::text);
 
 CREATE INDEX webhook_delivery_terminal ON public.webhook_delivery USING btree (updated_at) WHERE (state = ANY (ARRAY['succeeded'::text, 'dead'::text]));
 

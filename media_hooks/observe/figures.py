@@ -22,9 +22,10 @@ STATES = ("pending", "enqueued", "leased", "succeeded", "dead")
 # Dead deliveries closed unsent count under their reason, not as dead (issue 14).
 CLOSED = ("superseded", "discarded")
 COUNTED = STATES + CLOSED
-GROUPINGS = {"destination": "figures_counts_by_state", "event-type": "figures_counts_by_event_type"}
+GROUPINGS = ("destination", "event-type")
 # Without the history: open and dead deliveries only, through their partial indexes.
 OPEN_COUNTS = "figures_open_counts_by_state"
+SUCCEEDED_COUNTS = "figures_succeeded_counts"
 DEAD_HEADS_SHOWN = 20
 
 
@@ -168,12 +169,24 @@ def _seconds_since(measured_at: datetime, then: datetime | None) -> float | None
     return max(0.0, (measured_at - then).total_seconds())
 
 
+def _statements(by: str, history: bool) -> tuple[str, ...]:
+    """What counts deliveries by state, grouped ``by`` destination or event type."""
+    if by == "event-type":
+        if not history:
+            raise ValueError("figures without the history are counted by destination")
+        return ("figures_counts_by_event_type",)
+    return (OPEN_COUNTS, SUCCEEDED_COUNTS) if history else (OPEN_COUNTS,)
+
+
 def _counts(
-    conn: psycopg.Connection, statement: str, *, by_destination: bool
+    conn: psycopg.Connection, statements: tuple[str, ...], *, by_destination: bool
 ) -> dict[str, dict[str, int]]:
     counts: dict[str, dict[str, int]] = {}
-    for row in conn.execute(query(statement)):
-        counts.setdefault(row["key"], {})[row["state"]] = row["n"]
+    for statement in statements:
+        for row in conn.execute(query(statement)):
+            counts.setdefault(row["key"], {})[row["state"]] = row["n"]
+    # Each statement orders its own rows; the union is ordered by key as one statement was.
+    counts = dict(sorted(counts.items()))
     if by_destination:
         for row in conn.execute(query("figures_closed_counts")):
             by_state = counts[row["key"]]
@@ -217,17 +230,14 @@ def measure(
     ``by`` destination or event-type. ``history=False`` leaves out what grows with the history
     retention keeps (succeeded deliveries, a day of attempts; counts by destination): what a
     delivery run and a sensor tick read, each time, whatever the volume."""
-    if not history and by != "destination":
-        raise ValueError("figures without the history are counted by destination")
+    statements = _statements(by, history)
     scalars = conn.execute(query("figures_scalars"), {"now": now}).fetchone()
     at = scalars["measured_at"]
     paused, disabled = _flags(conn, now, at)
     hour, day = _attempts(conn, now) if history else ({}, {})
     return Figures(
         measured_at=at,
-        counts=_counts(
-            conn, GROUPINGS[by] if history else OPEN_COUNTS, by_destination=by == "destination"
-        ),
+        counts=_counts(conn, statements, by_destination=by == "destination"),
         oldest_due_age_seconds=_seconds_since(at, scalars["oldest_due_at"]),
         oldest_due_at=scalars["oldest_due_at"],
         oldest_due_any_age_seconds=_seconds_since(at, scalars["oldest_due_any_at"]),

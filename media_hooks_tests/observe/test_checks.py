@@ -226,7 +226,7 @@ def test_a_lease_within_its_margin_holds(history):
 
 def test_counts_through_a_corrupt_index_differ_from_status(history):
     """An index that stopped being maintained (simulated: marked not ready for inserts) hides a
-    leased row from the partial-index count, and the status count disagrees."""
+    leased row from `status`'s count through it, and the rows' count disagrees."""
     history.execute(
         "UPDATE pg_index SET indisready = false"
         " WHERE indexrelid = 'webhook_delivery_lease'::regclass"
@@ -240,7 +240,7 @@ def test_counts_through_a_corrupt_index_differ_from_status(history):
     history.execute(
         "UPDATE pg_index SET indisready = true WHERE indexrelid = 'webhook_delivery_lease'::regclass"
     )
-    assert _broken(_run(history))["counts_by_state"] == ("leased: status 4, rows 3",)
+    assert _broken(_run(history))["counts_by_state"] == ("leased: status 3, rows 4",)
 
 
 def test_the_check_reads_one_snapshot_and_writes_nothing(history):

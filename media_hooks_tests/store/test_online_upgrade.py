@@ -15,6 +15,7 @@ from media_hooks.devtools.receiver import Receiver, Reply
 from media_hooks.engine.delivery_run import deliver_due
 from media_hooks.observe import checks
 from media_hooks.store import db, migrations, sqlfiles
+from media_hooks.store.sqlfiles import query
 from media_hooks_tests.factories import add_deliveries, add_destination
 from media_hooks_tests.interleaving import in_background, wait_for
 
@@ -52,6 +53,44 @@ def _updates(conn: psycopg.Connection, table: str) -> tuple[int, int]:
     return row["updates"], row["hot"]
 
 
+class MidRun(NamedTuple):
+    applied: list[str]
+    # Requests the receiver had when the migration was done: fewer than COUNT, or it was not
+    # applied mid-run.
+    during: int
+
+
+def _migrate_mid_run(conn: psycopg.Connection, url: str, settings, name: str) -> MidRun:
+    """Migrate to the migration before ``name``, start a run delivering COUNT deliveries and
+    apply ``name`` while it delivers; the run delivers each once and `check` holds after."""
+    version = next(m.version for m in sqlfiles.load_migrations() if m.name == name)
+    migrations.migrate(conn, up_to=version - 1)
+    # A reply that takes a moment keeps the run going while the migration applies.
+    with Receiver(reply=Reply(delay_seconds=0.05)) as receiver:
+        add_destination(
+            conn, "cdn", url=receiver.url, rate_per_second=500, burst=50, max_in_flight=8
+        )
+        add_deliveries(conn, "cdn", COUNT)
+        with db.open_pool(url, max_size=8) as pool:
+            # Small pages: most of the run's claims come after the migration.
+            deliver = partial(deliver_due, pool, "run-upgrade", settings, page_size=25)
+            with in_background(deliver) as run:
+                wait_for(lambda: len(receiver.requests) >= COUNT // 8, "a run under way", 60)
+                applied = migrations.migrate(conn, up_to=version).applied
+                during = len(receiver.requests)
+            result = run.result()
+        requests = receiver.requests_by_id
+    assert during < COUNT, "the migration applied while the run still delivered"
+    assert result.totals.succeeded == COUNT
+    assert len(requests) == COUNT and set(requests.values()) == {1}
+    assert checks.run(conn).holds
+    return MidRun(applied, during)
+
+
+def _indexes(conn: psycopg.Connection) -> set[str]:
+    return {r["indexname"] for r in conn.execute("SELECT indexname FROM pg_indexes")}
+
+
 @pytest.mark.parametrize("name", sorted(IN_PLACE))
 def test_an_update_goes_in_place_while_the_previous_release_delivers(
     empty_database_url, settings, name
@@ -62,30 +101,9 @@ def test_an_update_goes_in_place_while_the_previous_release_delivers(
     the index names a column they change). 0022: the outbox's publications; 0023: the
     attempts' endings; 0024: the deliveries' state moves, on their own page."""
     change = IN_PLACE[name]
-    url = empty_database_url
-    version = next(m.version for m in sqlfiles.load_migrations() if m.name == name)
-    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-        migrations.migrate(conn, up_to=version - 1)
-        # A reply that takes a moment keeps the run going while the migration applies.
-        with Receiver(reply=Reply(delay_seconds=0.05)) as receiver:
-            add_destination(
-                conn, "cdn", url=receiver.url, rate_per_second=500, burst=50, max_in_flight=8
-            )
-            add_deliveries(conn, "cdn", COUNT)
-            with db.open_pool(url, max_size=8) as pool:
-                # Small pages: most of the run's claims come after the migration.
-                deliver = partial(deliver_due, pool, "run-upgrade", settings, page_size=25)
-                with in_background(deliver) as run:
-                    wait_for(lambda: len(receiver.requests) >= COUNT // 8, "a run under way", 60)
-                    applied = migrations.migrate(conn, up_to=version).applied
-                    during = len(receiver.requests)
-                result = run.result()
-            requests = receiver.requests_by_id
+    with psycopg.connect(empty_database_url, autocommit=True, row_factory=dict_row) as conn:
+        applied, during = _migrate_mid_run(conn, empty_database_url, settings, name)
         assert applied == [name]
-        assert during < COUNT, "the migration applied while the run still delivered"
-        assert result.totals.succeeded == COUNT
-        assert len(requests) == COUNT and set(requests.values()) == {1}
-        assert checks.run(conn).holds
         (options,) = (
             conn.execute("SELECT reloptions FROM pg_class WHERE relname = %s", (change.table,))
             .fetchone()
@@ -97,5 +115,32 @@ def test_an_update_goes_in_place_while_the_previous_release_delivers(
         wait_for(lambda: _updates(conn, change.table)[0] >= COUNT, "the statistics", 30)
         updates, hot = _updates(conn, change.table)
         assert hot >= (COUNT - during) // 2, f"{hot} of {updates} of {change.table} heap-only"
-        indexes = {r["indexname"] for r in conn.execute("SELECT indexname FROM pg_indexes")}
-        assert change.dropped_index not in indexes
+        assert change.dropped_index not in _indexes(conn)
+
+
+def test_the_counts_index_is_swapped_while_the_previous_release_delivers(
+    empty_database_url, settings
+):
+    """0025 applied mid-run: the index every state move wrote (destination_id, state) goes,
+    the succeeded deliveries' own index comes, complete (built concurrently while the run
+    moved rows into it), and `status` counts through it what the rows hold."""
+    name = "0025_one_index_fewer_per_move.sql"
+    with psycopg.connect(empty_database_url, autocommit=True, row_factory=dict_row) as conn:
+        assert _migrate_mid_run(conn, empty_database_url, settings, name).applied == [name]
+        indexes = _indexes(conn)
+        assert "webhook_delivery_destination_state" not in indexes
+        assert "webhook_delivery_succeeded_by_destination" in indexes
+        valid = conn.execute(
+            "SELECT indisvalid AS v FROM pg_index"
+            " WHERE indexrelid = 'webhook_delivery_succeeded_by_destination'::regclass"
+        ).fetchone()
+        assert valid["v"]
+        with conn.transaction(force_rollback=True):
+            # Through the new index alone: it holds every delivery the run moved.
+            conn.execute("SET LOCAL enable_seqscan = off")
+            conn.execute("SET LOCAL enable_bitmapscan = off")
+            statement = query("figures_succeeded_counts")
+            plan = "\n".join(r["QUERY PLAN"] for r in conn.execute("EXPLAIN " + statement))
+            counted = conn.execute(statement).fetchall()
+        assert "webhook_delivery_succeeded_by_destination" in plan, plan
+        assert counted == [{"key": "cdn", "state": "succeeded", "n": COUNT}]

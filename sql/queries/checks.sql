@@ -154,9 +154,12 @@ FROM bad;
 WITH bad AS (
     SELECT d.delivery_id
     FROM webhook_delivery AS d
+    -- One arm per partial index (_terminal, _enqueued, _lease), which the planner reads as a
+    -- BitmapOr: a list of states (state IN ...) would read a whole index of the table.
     WHERE (%(since)s = '-infinity'::timestamptz
            OR (d.state IN ('succeeded', 'dead') AND d.updated_at >= %(since)s)
-           OR d.state IN ('enqueued', 'leased'))
+           OR d.state = 'enqueued'
+           OR d.state = 'leased')
       AND NOT EXISTS (SELECT 1 FROM delivery_identity AS i WHERE i.delivery_id = d.delivery_id)
 )
 SELECT count(*) AS violations, (array_agg(delivery_id ORDER BY delivery_id))[1:5] AS examples
@@ -188,7 +191,8 @@ WITH bad AS (
     SELECT d.delivery_id
     FROM webhook_delivery AS d
     JOIN webhook_destination AS w ON w.destination_id = d.destination_id
-    WHERE d.state IN ('enqueued', 'leased')
+    -- Two arms, each its partial index (_enqueued, _lease), read as a BitmapOr.
+    WHERE (d.state = 'enqueued' OR d.state = 'leased')
       AND w.ordering = 'asset'
       AND NOT EXISTS (
           SELECT 1 FROM dispatch_outbox AS o
@@ -226,17 +230,29 @@ SELECT count(*) AS violations, (array_agg(id ORDER BY id))[1:5] AS examples
 FROM bad;
 
 -- name: check_counts_by_state
--- description: deliveries per state counted through each state's own partial index
---   (webhook_delivery_due, _enqueued, _lease, _dead, _terminal), to set against `status`'s
---   counts (figures_counts_by_state, through webhook_delivery_destination_state). Succeeded
---   deliveries only when asked (0 otherwise, and their subqueries never run): a delivery
---   run's reading leaves out the history retention keeps.
-SELECT (SELECT count(*) FROM webhook_delivery WHERE state = 'pending') AS pending,
-       (SELECT count(*) FROM webhook_delivery WHERE state = 'enqueued') AS enqueued,
-       (SELECT count(*) FROM webhook_delivery WHERE state = 'leased') AS leased,
+-- description: deliveries per state, counted through other indexes than `status`'s counts
+--   (figures_open_counts_by_state: each state's partial index; figures_succeeded_counts), so
+--   that an index no longer maintained shows as a difference: the open and unclosed dead rows
+--   in one pass over webhook_delivery_asset_queue's predicate (no `status` statement reads that
+--   index), the dead ones closed unsent through webhook_delivery_dead, the succeeded ones as
+--   the terminal rows less the dead (webhook_delivery_terminal) only when asked (0 otherwise,
+--   and their subqueries never run): a delivery run's reading leaves out the history
+--   retention keeps.
+WITH open AS (
+    SELECT count(*) FILTER (WHERE state = 'pending') AS pending,
+           count(*) FILTER (WHERE state = 'enqueued') AS enqueued,
+           count(*) FILTER (WHERE state = 'leased') AS leased,
+           count(*) FILTER (WHERE state = 'dead') AS dead_unclosed
+    FROM webhook_delivery
+    WHERE state <> 'succeeded' AND closed_reason IS NULL
+),
+closed AS (
+    SELECT count(*) AS n FROM webhook_delivery WHERE state = 'dead' AND closed_reason IS NOT NULL
+)
+SELECT open.pending, open.enqueued, open.leased,
        CASE WHEN %(succeeded)s
-            THEN (SELECT count(*) FROM webhook_delivery
-                   WHERE state IN ('succeeded', 'dead')) - (SELECT count(*) FROM webhook_delivery
-                                                             WHERE state = 'dead')
+            THEN (SELECT count(*) FROM webhook_delivery WHERE state IN ('succeeded', 'dead'))
+                 - open.dead_unclosed - closed.n
             ELSE 0 END AS succeeded,
-       (SELECT count(*) FROM webhook_delivery WHERE state = 'dead') AS dead;
+       open.dead_unclosed + closed.n AS dead
+FROM open, closed;

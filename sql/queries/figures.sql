@@ -2,19 +2,12 @@
 -- read. Each statement is a bounded number of index scans over the partial indexes of 0001;
 -- none moves state. The measuring instant is the parameter now (NULL means the server clock).
 
--- name: figures_counts_by_state
--- description: deliveries per destination and state (index webhook_delivery_destination_state).
-SELECT destination_id AS key, state, count(*) AS n
-FROM webhook_delivery
-GROUP BY destination_id, state
-ORDER BY destination_id, state;
-
 -- name: figures_open_counts_by_state
 -- description: deliveries per destination in the states that are not history (pending,
 --   enqueued, leased, dead), each through its own partial index (webhook_delivery_due_by_
 --   destination, _enqueued, _lease, _dead): what every delivery run and every sensor tick
 --   read. Bounded by the backlog and the dead letters, never by the succeeded history
---   retention keeps for weeks (figures_counts_by_state counts that too: status, the asset).
+--   retention keeps for weeks (figures_succeeded_counts counts that: status, the asset page).
 SELECT destination_id AS key, 'pending' AS state, count(*) AS n
 FROM webhook_delivery WHERE state = 'pending' GROUP BY destination_id
 UNION ALL
@@ -27,6 +20,14 @@ UNION ALL
 SELECT destination_id, 'dead', count(*)
 FROM webhook_delivery WHERE state = 'dead' GROUP BY destination_id
 ORDER BY 1, 2;
+
+-- name: figures_succeeded_counts
+-- description: succeeded deliveries per destination (index webhook_delivery_succeeded_by_
+--   destination, migration 0025, which only the success move writes): the history retention
+--   keeps, counted for `status`, the asset page's "Execute" and the metrics.
+SELECT destination_id AS key, 'succeeded' AS state, count(*) AS n
+FROM webhook_delivery WHERE state = 'succeeded' GROUP BY destination_id
+ORDER BY 1;
 
 -- name: figures_closed_counts
 -- description: dead deliveries closed unsent (superseded, discarded) per destination: counted

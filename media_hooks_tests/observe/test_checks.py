@@ -9,10 +9,12 @@ import time
 import psycopg
 import pytest
 
+from bench.sustained_history import preload
 from media_hooks.observe import checks
 from media_hooks.outbox import leases, rate_limits
 from media_hooks.outbox.cohort import Cohort
 from media_hooks.outbox.leases import Classified
+from media_hooks.store.sqlfiles import query
 from media_hooks_tests.factories import (
     ROOMY,
     add_deliveries,
@@ -21,6 +23,7 @@ from media_hooks_tests.factories import (
     claim_and_publish,
     lease_all,
 )
+from media_hooks_tests.plans import rows_read
 
 
 def _finish(conn: psycopg.Connection, taken, outcome: str, status: int) -> None:
@@ -257,3 +260,36 @@ def test_a_delivery_dispatched_past_an_earlier_one_of_its_asset(history):
     assert "sent_out_of_order" not in _broken(_run(history))
     add_deliveries(history, "pub", 1, prefix="backdated", asset_id="asset-2", age_seconds=3600)
     assert _broken(_run(history))["sent_out_of_order"] == ("e-pub-2",)
+
+
+def _identities_read(conn: psycopg.Connection, since: str) -> int:
+    statement = "EXPLAIN (ANALYZE, FORMAT JSON) " + query("check_tombstone_beside_live")
+    with conn.transaction(force_rollback=True):
+        conn.execute(query("check_through_indexes"))
+        (plan,) = conn.execute(statement.encode(), {"since": since}).fetchone()["QUERY PLAN"]
+    return rows_read(plan["Plan"], "delivery_identity")
+
+
+def test_the_default_pass_looks_up_its_live_deliveries_not_a_year_of_tombstones(conn, database_url):
+    """Tombstones outlive their deliveries by the duplicate window (400 days by default): the
+    default pass starts from the live deliveries of its window and looks their ids up, so a
+    tombstone beside a pending delivery is found without reading the others; --all reads
+    every tombstone."""
+    add_destination(conn, "cdn", url="http://127.0.0.1:9/")
+    preload(database_url, 3_000, ["cdn"], span_seconds=3_600)
+    purged = conn.execute(query("purge_terminal_batch"), {"cutoff": "infinity", "batch_size": 5000})
+    assert purged.fetchone()["tombstones"] == 3_000
+    # Beside them, delivered history older than the window, and a live backlog.
+    add_deliveries(conn, "cdn", 3_000, state="succeeded", age_seconds=2 * 86_400)
+    add_deliveries(conn, "cdn", 5)
+    conn.execute(
+        "UPDATE delivery_identity SET final_state = 'succeeded', destination_id = 'cdn',"
+        " created_at = now() WHERE delivery_id = 'd-cdn-1'"
+    )
+    conn.execute("VACUUM ANALYZE")
+
+    assert _broken(_run(conn))["tombstone_beside_live"] == ("d-cdn-1",)
+    assert _broken(_run(conn, full=True))["tombstone_beside_live"] == ("d-cdn-1",)
+    # Seen: 1 identity read (a join of every tombstone with every delivery read all 3,001).
+    day_ago = conn.execute("SELECT now() - interval '1 day' AS t").fetchone()["t"].isoformat()
+    assert _identities_read(conn, day_ago) < 50

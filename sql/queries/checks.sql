@@ -137,13 +137,24 @@ FROM bad;
 
 -- name: check_tombstone_beside_live
 -- description: tombstones (delivery_identity with a final state, the delivery_tombstone view of
---   migration 0005) that share their id with a live delivery (delivery_identity_tombstone, then
---   the delivery's key).
+--   migration 0005) that share their id with a live delivery. The default pass starts from the
+--   live deliveries an emit, a run or a requeue could have written since the window began: the
+--   open ones (webhook_delivery_due, _enqueued, _lease) and those that ended in the window
+--   (_terminal), then looks each id up among the identities (delivery_identity's key). The
+--   tombstones themselves are a year of purged ids by default (tombstone_days): only --all
+--   reads them all, and only it would find a tombstone beside a delivery that ended before the
+--   window (the purge deletes what it tombstones, in one statement).
 WITH bad AS (
-    SELECT i.delivery_id
-    FROM delivery_identity AS i
-    JOIN webhook_delivery AS d ON d.delivery_id = i.delivery_id
+    SELECT d.delivery_id
+    FROM webhook_delivery AS d
+    JOIN delivery_identity AS i ON i.delivery_id = d.delivery_id
     WHERE i.final_state IS NOT NULL
+      -- One arm per partial index, read as a BitmapOr.
+      AND (%(since)s = '-infinity'::timestamptz
+           OR d.state = 'pending'
+           OR d.state = 'enqueued'
+           OR d.state = 'leased'
+           OR (d.state IN ('succeeded', 'dead') AND d.updated_at >= %(since)s))
 )
 SELECT count(*) AS violations, (array_agg(delivery_id ORDER BY delivery_id))[1:5] AS examples
 FROM bad;

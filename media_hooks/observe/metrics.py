@@ -1,8 +1,10 @@
 """The operator's figures as Prometheus gauges (``media-hooks metrics``).
 
 A custom collector: each scrape measures afresh with ``figures.measure`` (a few statements over
-partial indexes) plus the destination list (a small table), so a scrape costs the same on ten
-rows or ten million, and nothing is cached between scrapes. Every figure is a gauge: they are
+partial indexes) plus the destination list (a small table), and nothing is cached between
+scrapes. Each figure costs what the backlog, the dead letters and the last day hold, but one:
+the succeeded deliveries per destination, counted through their own index, as many as retention
+keeps (about 0.1 s a million on PostgreSQL 15; ``scrape_duration_seconds`` shows it). Every figure is a gauge: they are
 levels read from the tables, not counters kept by this process. Ages of nothing (no due row, no
 unpublished outbox row) are 0. When the database cannot be read the scrape still answers, with
 ``media_hooks_up 0``, so an alert can fire on it. No Dagster here.

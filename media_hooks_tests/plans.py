@@ -5,7 +5,17 @@ from __future__ import annotations
 
 import psycopg
 
+from media_hooks.store.sqlfiles import query
+
 HISTORY_TABLES = ("webhook_delivery", "dispatch_outbox", "delivery_attempt", "delivery_identity")
+
+
+def analyzed(conn: psycopg.Connection, name: str, params: dict | None = None) -> dict:
+    """The plan of the statement ``name`` (sql/queries) as it ran under EXPLAIN ANALYZE with
+    ``params``: its top node. It really runs: a caller whose statement writes rolls it back."""
+    statement = f"EXPLAIN (ANALYZE, FORMAT JSON) {query(name)}"
+    (plan,) = conn.execute(statement.encode(), params).fetchone()["QUERY PLAN"]
+    return plan["Plan"]
 
 
 def rows_read(plan: dict, relation: str) -> int:

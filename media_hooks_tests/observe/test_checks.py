@@ -23,7 +23,7 @@ from media_hooks_tests.factories import (
     claim_and_publish,
     lease_all,
 )
-from media_hooks_tests.plans import rows_read
+from media_hooks_tests.plans import analyzed, rows_read
 
 
 def _finish(conn: psycopg.Connection, taken, outcome: str, status: int) -> None:
@@ -263,11 +263,10 @@ def test_a_delivery_dispatched_past_an_earlier_one_of_its_asset(history):
 
 
 def _identities_read(conn: psycopg.Connection, since: str) -> int:
-    statement = "EXPLAIN (ANALYZE, FORMAT JSON) " + query("check_tombstone_beside_live")
     with conn.transaction(force_rollback=True):
         conn.execute(query("check_through_indexes"))
-        (plan,) = conn.execute(statement.encode(), {"since": since}).fetchone()["QUERY PLAN"]
-    return rows_read(plan["Plan"], "delivery_identity")
+        plan = analyzed(conn, "check_tombstone_beside_live", {"since": since})
+    return rows_read(plan, "delivery_identity")
 
 
 def test_the_default_pass_looks_up_its_live_deliveries_not_a_year_of_tombstones(conn, database_url):

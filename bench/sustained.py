@@ -210,15 +210,47 @@ FROM pg_stat_user_indexes AS i
 WHERE i.relname = ANY (%(tables)s)
 ORDER BY i.relname, i.indexrelname
 """
-WAL = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS wal"
+WAL = """
+SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS wal,
+       pg_current_wal_lsn()::text AS lsn, (SELECT wal_fpi FROM pg_stat_wal) AS fpi
+"""
+# The bytes of the full-page images in a stretch of WAL (pg_walinspect, PostgreSQL 15 and later;
+# the stretch must still be on disk: a checkpoint may have recycled its start).
+FPI_BYTES = """
+SELECT coalesce(sum(fpi_size), 0)::bigint AS fpi_bytes
+FROM pg_get_wal_stats(%(start)s::pg_lsn, %(end)s::pg_lsn)
+"""
 STATES = "SELECT state, count(*) AS n FROM webhook_delivery GROUP BY state ORDER BY state"
 
 
 def snapshot(conn: psycopg.Connection) -> dict[str, Any]:
     """The server's WAL position and each table's counters and sizes, now."""
-    wal = conn.execute(WAL).fetchone()["wal"]
+    position = conn.execute(WAL).fetchone()
     rows = conn.execute(TABLE_FIGURES, {"tables": list(TABLES)}).fetchall()
-    return {"wal": int(wal), "tables": {r["name"]: dict(r) for r in rows}}
+    return {
+        "wal": int(position["wal"]),
+        "lsn": position["lsn"],
+        "fpi": int(position["fpi"]),
+        "tables": {r["name"]: dict(r) for r in rows},
+    }
+
+
+def can_inspect_wal(conn: psycopg.Connection) -> bool:
+    """Whether this session can read the WAL's records (pg_walinspect: a superuser's)."""
+    try:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+    except psycopg.Error:
+        return False
+    return True
+
+
+def fpi_bytes(conn: psycopg.Connection, start: str, end: str) -> int | None:
+    """The full-page images' bytes between two WAL positions, or None where the server can no
+    longer read them."""
+    try:
+        return int(conn.execute(FPI_BYTES, {"start": start, "end": end}).fetchone()["fpi_bytes"])
+    except psycopg.Error:
+        return None
 
 
 # Windows ---------------------------------------------------------------------------------------
@@ -231,6 +263,7 @@ class Windows:
 
     def __init__(self, url: str, total: int) -> None:
         self.conn = psycopg.connect(url, autocommit=True, row_factory=dict_row)
+        self.inspect_wal = can_inspect_wal(self.conn)
         self.boundaries = [total * (k + 1) // WINDOWS for k in range(WINDOWS)]
         self.started = time.monotonic()
         self.closed: list[dict[str, Any]] = []
@@ -340,6 +373,7 @@ def window_figures(
     wal = after["wal"] - before["wal"]
     return {
         **_wal_split(wal, deliveries, before, after),
+        **_full_page_images(deliveries, before, after, windows),
         "window": number,
         "ended_after_seconds": round(after["at"] - windows.started, 2),
         "deliveries_done": after["terminal"],
@@ -518,6 +552,20 @@ def _wal_split(
     return split
 
 
+def _full_page_images(
+    deliveries: int, before: dict[str, Any], after: dict[str, Any], windows: Windows
+) -> dict[str, float | None]:
+    """How many full-page images the server wrote per delivery (the first change of a page
+    after a checkpoint logs the whole page), and their bytes where the WAL can be read."""
+    if not deliveries:
+        return {"fpi_per_delivery": None, "fpi_bytes_per_delivery": None}
+    written = fpi_bytes(windows.conn, before["lsn"], after["lsn"]) if windows.inspect_wal else None
+    return {
+        "fpi_per_delivery": round((after["fpi"] - before["fpi"]) / deliveries, 3),
+        "fpi_bytes_per_delivery": None if written is None else round(written / deliveries, 1),
+    }
+
+
 def totals_over(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
     """The whole run's WAL per delivery and HOT ratios (from the first to the last window's end)."""
     deliveries = last["terminal"] - first["terminal"]
@@ -531,6 +579,9 @@ def totals_over(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
     wal = last["wal"] - first["wal"]
     return {
         **_wal_split(wal, deliveries, first, last),
+        "fpi_per_delivery": round((last["fpi"] - first["fpi"]) / deliveries, 3)
+        if deliveries
+        else None,
         "deliveries": deliveries,
         "wal_bytes": wal,
         "wal_bytes_per_delivery": round(wal / deliveries, 1) if deliveries else None,

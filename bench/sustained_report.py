@@ -201,7 +201,10 @@ def render(document: Document) -> str:
         f"the producer's own {_number(totals.get('emit_wal_bytes_per_delivery'))}, "
         f"retention's own {_number(totals.get('retention_wal_bytes_per_delivery'))}, the rest "
         "(engine, autovacuum, checkpoints) "
-        f"{_number(totals.get('delivering_wal_bytes_per_delivery'))}.",
+        f"{_number(totals.get('delivering_wal_bytes_per_delivery'))}. Full-page images "
+        f"(the first change of a page after a checkpoint): {_number(totals.get('fpi_per_delivery'))}"
+        f" per delivery, {_number(_fpi_bytes(windows))} bytes per delivery in the windows "
+        "whose WAL could be read.",
         "## Windows (5% of the run each)",
         _table(
             [
@@ -210,7 +213,7 @@ def render(document: Document) -> str:
                 "claim p50/p99 ms",
                 "lease p99 ms",
                 "record p50/p99 ms",
-                "WAL B/delivery (all / delivering)",
+                "WAL B/delivery (all / delivering / full pages)",
                 "HOT delivery",
                 "history MiB",
                 "dead tuples (delivery)",
@@ -258,6 +261,15 @@ def render(document: Document) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def _fpi_bytes(windows: list[dict[str, Any]]) -> float | None:
+    """Full-page image bytes per delivery over the windows that measured them."""
+    read = [w for w in windows if w.get("fpi_bytes_per_delivery") is not None]
+    deliveries = sum(w["deliveries"] for w in read)
+    if not deliveries:
+        return None
+    return sum(w["fpi_bytes_per_delivery"] * w["deliveries"] for w in read) / deliveries
+
+
 def _window_row(w: dict[str, Any]) -> list[str]:
     delivery = w["tables"].get("webhook_delivery", {})
     vacuums = sum(t["autovacuum_runs"] for t in w["tables"].values())
@@ -268,7 +280,8 @@ def _window_row(w: dict[str, Any]) -> list[str]:
         _number(w["lease_p99_ms"]),
         f"{_number(w['record_p50_ms'])} / {_number(w['record_p99_ms'])}",
         f"{_number(w['wal_bytes_per_delivery'])} / "
-        f"{_number(w.get('delivering_wal_bytes_per_delivery'))}",
+        f"{_number(w.get('delivering_wal_bytes_per_delivery'))} / "
+        f"{_number(w.get('fpi_bytes_per_delivery'))}",
         _number(delivery.get("hot_ratio")),
         _mib(w["history_bytes"]),
         _number(delivery.get("dead_tuples")),
@@ -337,6 +350,7 @@ METRICS: dict[str, tuple[str, str, Callable[[list[dict]], dict]]] = {
             ),
             "emit": lambda w: w.get("emit_wal_bytes_per_delivery"),
             "retention": lambda w: w.get("retention_wal_bytes_per_delivery"),
+            "full-page images (all writers)": lambda w: w.get("fpi_bytes_per_delivery"),
         },
     ),  # fmt: skip
     "hot_ratio": ("HOT updates / updates, per table", "ratio", _table_series("hot_ratio")),

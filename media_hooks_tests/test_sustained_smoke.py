@@ -50,6 +50,10 @@ def test_ci_size_runs_every_window_under_load_and_writes_its_report(
         assert window["deliveries"] > 0 and window["per_second"] > 0, window["window"]
         assert window["wal_bytes"] > 0, window["window"]
         assert window["tables"]["webhook_delivery"]["total_bytes"] > 0
+        # The full-page images among it: counted, and read from the WAL (a superuser's
+        # session on a server with pg_walinspect, as both test servers are).
+        assert window["fpi_per_delivery"] >= 0, window["window"]
+        assert window["fpi_bytes_per_delivery"] is not None, window["window"]
     # The producer kept emitting to the end: no window drained a backlog without load.
     assert windows[-1]["emitted_so_far"] > windows[-1]["deliveries_done"]
     # Every kind of statement was timed.

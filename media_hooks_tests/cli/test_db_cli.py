@@ -21,6 +21,7 @@ from psycopg import conninfo
 from media_hooks.store import embedded
 from media_hooks.store.sqlfiles import migrations as migration_files
 from media_hooks_tests.conftest import REPO, run_cli
+from media_hooks_tests.interleaving import wait_for
 
 PASSWORD = "s3cret-pw"
 
@@ -39,6 +40,12 @@ def _gone(pid: int, timeout: float = 30.0) -> bool:
             return True
         time.sleep(0.05)  # another process's exit: nothing to wait on but the pid
     return False
+
+
+def _setting(url: str, name: str) -> str:
+    """A setting as a new session sees it."""
+    with psycopg.connect(url) as conn:
+        return conn.execute("SELECT current_setting(%s)", (name,)).fetchone()[0]
 
 
 @pytest.fixture
@@ -100,6 +107,16 @@ def test_the_embedded_servers_lifecycle(private_home):
         text = run_cli("db", "status", env=env).stdout
         assert text.startswith(f"embedded PostgreSQL server: running (pid {running.pid}")
         assert "db stop" in text and "db shell" in text
+
+        # Where nobody set it, the server compresses its full-page images (a reload applies
+        # it; a session reads it once the server has taken the signal)...
+        wait_for(lambda: _setting(url, "wal_compression") == "pglz", "wal_compression on")
+        # ...and an operator's own choice is kept by every command after it.
+        client.execute("ALTER SYSTEM SET wal_compression = off")
+        client.execute("SELECT pg_reload_conf()")
+        wait_for(lambda: _setting(url, "wal_compression") == "off", "the operator's setting")
+        assert run_cli("db", "url", env=env).returncode == 0
+        assert _setting(url, "wal_compression") == "off"
 
         shell = run_cli(
             "db", "shell", "--", "-At", "-c", "SELECT count(*) FROM schema_migrations", env=env

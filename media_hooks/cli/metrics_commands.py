@@ -12,8 +12,12 @@ from prometheus_client import start_http_server
 from media_hooks.core import numeric
 from media_hooks.core.config import Settings
 from media_hooks.core.errors import RuntimeFailure
-from media_hooks.observe.metrics import registry_for
+from media_hooks.observe.metrics import HistoryCounter, registry_for
 from media_hooks.store import db
+
+# 0: count the history at every scrape, as before the counter existed.
+HISTORY_EVERY = numeric.Range(0, numeric.DAY_SECONDS, low_inclusive=True, unit="seconds")
+DEFAULT_HISTORY_EVERY_SECONDS = 300.0
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -27,17 +31,29 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="TCP port (0: any free one)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument(
+        "--history-every",
+        type=numeric.argument(HISTORY_EVERY),
+        default=DEFAULT_HISTORY_EVERY_SECONDS,
+        metavar="SECONDS",
+        help="count the succeeded deliveries and the attempts by outcome this often, apart from "
+        "the scrapes (default 300; 0: at every scrape)",
+    )
     parser.set_defaults(handler=run_metrics)
 
 
 def run_metrics(args: argparse.Namespace) -> int:
     # Checked once up front, so a wrong configuration is an error now, not a silent 0 later.
     url = db.ready_url(Settings.from_env())
-    registry = registry_for(partial(db.connect, url, autocommit=True))
+    connect = partial(db.connect, url, autocommit=True)
+    history = HistoryCounter(connect, args.history_every) if args.history_every else None
+    registry = registry_for(connect, history)
     try:
         server, thread = start_http_server(args.port, addr=args.host, registry=registry)
     except OSError as exc:
         raise RuntimeFailure(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
+    if history is not None:
+        history.start()
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     host, port = server.server_address[:2]
@@ -50,4 +66,6 @@ def run_metrics(args: argparse.Namespace) -> int:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+        if history is not None:
+            history.stop()
     return 0

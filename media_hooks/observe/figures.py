@@ -2,13 +2,15 @@
 
 One ``measure`` reads everything ``status``, ``metrics`` and the Dagster lag sensor show, in a
 few statements over the partial indexes of the schema and one read of ``pg_stat_activity``
-(``sql/queries/figures.sql``), so a scrape or a sensor tick costs the same on ten rows or ten
-million. No Dagster here.
+(``sql/queries/figures.sql``). Without its history (``history=False``) it costs what the
+backlog and the dead letters hold, whatever the history retention keeps; ``measure_history``
+counts that history (the succeeded deliveries, a day of attempts), for the readers that show it
+(``status``, and the metrics exporter on a schedule of its own). No Dagster here.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -169,24 +171,22 @@ def _seconds_since(measured_at: datetime, then: datetime | None) -> float | None
     return max(0.0, (measured_at - then).total_seconds())
 
 
-def _statements(by: str, history: bool) -> tuple[str, ...]:
-    """What counts deliveries by state, grouped ``by`` destination or event type."""
+def _statement(by: str, history: bool) -> str:
+    """What counts deliveries by state, grouped ``by`` destination (without the succeeded
+    history: measure_history counts it) or event type (with it)."""
     if by == "event-type":
         if not history:
             raise ValueError("figures without the history are counted by destination")
-        return ("figures_counts_by_event_type",)
-    return (OPEN_COUNTS, SUCCEEDED_COUNTS) if history else (OPEN_COUNTS,)
+        return "figures_counts_by_event_type"
+    return OPEN_COUNTS
 
 
 def _counts(
-    conn: psycopg.Connection, statements: tuple[str, ...], *, by_destination: bool
+    conn: psycopg.Connection, statement: str, *, by_destination: bool
 ) -> dict[str, dict[str, int]]:
     counts: dict[str, dict[str, int]] = {}
-    for statement in statements:
-        for row in conn.execute(query(statement)):
-            counts.setdefault(row["key"], {})[row["state"]] = row["n"]
-    # Each statement orders its own rows; the union is ordered by key as one statement was.
-    counts = dict(sorted(counts.items()))
+    for row in conn.execute(query(statement)):
+        counts.setdefault(row["key"], {})[row["state"]] = row["n"]
     if by_destination:
         for row in conn.execute(query("figures_closed_counts")):
             by_state = counts[row["key"]]
@@ -230,14 +230,17 @@ def measure(
     ``by`` destination or event-type. ``history=False`` leaves out what grows with the history
     retention keeps (succeeded deliveries, a day of attempts; counts by destination): what a
     delivery run and a sensor tick read, each time, whatever the volume."""
-    statements = _statements(by, history)
+    if by == "destination" and history:
+        live = measure(conn, now=now, history=False)
+        return with_history(live, measure_history(conn, now=now))
+    statement = _statement(by, history)
     scalars = conn.execute(query("figures_scalars"), {"now": now}).fetchone()
     at = scalars["measured_at"]
     paused, disabled = _flags(conn, now, at)
     hour, day = _attempts(conn, now) if history else ({}, {})
     return Figures(
         measured_at=at,
-        counts=_counts(conn, statements, by_destination=by == "destination"),
+        counts=_counts(conn, statement, by_destination=by == "destination"),
         oldest_due_age_seconds=_seconds_since(at, scalars["oldest_due_at"]),
         oldest_due_at=scalars["oldest_due_at"],
         oldest_due_any_age_seconds=_seconds_since(at, scalars["oldest_due_any_at"]),
@@ -257,6 +260,39 @@ def measure(
         oldest_snapshot=_oldest_snapshot(conn, at),
         counts_by=by,
         history=history,
+    )
+
+
+@dataclass(frozen=True)
+class History:
+    """The figures that grow with the history retention keeps: succeeded deliveries per
+    destination (as many as it keeps: weeks of them) and the attempts finished by outcome over
+    the last hour and day (a day's volume). Counted apart where a reader cannot pay for them
+    each time (the metrics exporter counts them on a schedule of their own)."""
+
+    succeeded: dict[str, int]
+    attempts_last_hour: dict[str, int]
+    attempts_last_day: dict[str, int]
+
+
+def measure_history(conn: psycopg.Connection, *, now: datetime | None = None) -> History:
+    """The history's figures at one instant (``now``, or the server's clock)."""
+    succeeded = {row["key"]: row["n"] for row in conn.execute(query(SUCCEEDED_COUNTS))}
+    hour, day = _attempts(conn, now)
+    return History(succeeded, hour, day)
+
+
+def with_history(measured: Figures, history: History) -> Figures:
+    """``measured`` (by destination, without its history) with ``history`` counted apart."""
+    counts = {key: dict(by_state) for key, by_state in measured.counts.items()}
+    for key, n in history.succeeded.items():
+        counts.setdefault(key, {})["succeeded"] = n
+    return replace(
+        measured,
+        counts=dict(sorted(counts.items())),
+        attempts_last_hour=history.attempts_last_hour,
+        attempts_last_day=history.attempts_last_day,
+        history=True,
     )
 
 

@@ -1,17 +1,23 @@
 """The operator's figures as Prometheus gauges (``media-hooks metrics``).
 
-A custom collector: each scrape measures afresh with ``figures.measure`` (a few statements over
-partial indexes) plus the destination list (a small table), and nothing is cached between
-scrapes. Each figure costs what the backlog, the dead letters and the last day hold, but one:
-the succeeded deliveries per destination, counted through their own index, as many as retention
-keeps (about 0.1 s a million on PostgreSQL 15; ``scrape_duration_seconds`` shows it). Every figure is a gauge: they are
-levels read from the tables, not counters kept by this process. Ages of nothing (no due row, no
+A custom collector: each scrape measures the live figures afresh (``figures.measure`` without
+the history: a few statements over partial indexes, bounded by the backlog and the dead
+letters) plus the destination list (a small table). What grows with the history retention
+keeps, the succeeded deliveries per destination (weeks of them: about 0.1 s a million on
+PostgreSQL 15) and the attempts finished by outcome over the last hour and day, is counted by a
+``HistoryCounter`` on a thread of its own every ``--history-every`` seconds; each scrape serves
+its last count and how old it is (``history_age_seconds``), so that a scrape never waits on
+the history, whose count would outlast Prometheus's scrape timeout at tens of millions of
+deliveries. Until the first count the history's series are absent, never 0. With no counter,
+each scrape counts it too (``--history-every 0``). Every figure is a gauge: they are levels
+read from the tables, not counters kept by this process. Ages of nothing (no due row, no
 unpublished outbox row) are 0. When the database cannot be read the scrape still answers, with
 ``media_hooks_up 0``, so an alert can fire on it. No Dagster here.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -43,9 +49,15 @@ def figure_metrics(measured: figures.Figures, destinations: list[dict[str, Any]]
         "deliveries", "Deliveries now in each state, per destination.", ("destination_id", "state")
     )
     dead = _gauge("dead_letters", "Deliveries now dead, per destination.", ("destination_id",))
+    # Without the history the succeeded count is unknown: no series rather than a wrong 0.
+    states = (
+        figures.COUNTED
+        if measured.history
+        else tuple(state for state in figures.COUNTED if state != "succeeded")
+    )
     for name in names:
         by_state = measured.counts.get(name, {})
-        for state in figures.COUNTED:
+        for state in states:
             deliveries.add_metric([name, state], by_state.get(state, 0))
         dead.add_metric([name], by_state.get("dead", 0))
 
@@ -131,17 +143,61 @@ def figure_metrics(measured: figures.Figures, destinations: list[dict[str, Any]]
     ]
 
 
-class FiguresCollector(Collector):
-    """Measures on every scrape through a fresh connection from ``connect``."""
+class HistoryCounter:
+    """Counts the figures' history (``figures.measure_history``) every ``every`` seconds on a
+    thread of its own, through a fresh connection from ``connect`` each time. A count that
+    fails leaves the last one in place: its age keeps growing, which is what an alert watches."""
 
-    def __init__(self, connect: ConnectionFactory) -> None:
+    def __init__(self, connect: ConnectionFactory, every: float) -> None:
         self._connect = connect
+        self._every = every
+        self._latest: tuple[figures.History, float] | None = None
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="history-counter", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=10)
+
+    def latest(self) -> tuple[figures.History, float] | None:
+        """The last count and its age in seconds; None before the first one."""
+        with self._lock:
+            if self._latest is None:
+                return None
+            history, counted_at = self._latest
+        return history, time.monotonic() - counted_at
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            started = time.monotonic()
+            try:
+                with self._connect() as conn:
+                    history = figures.measure_history(conn)
+            except (psycopg.Error, OSError, RuntimeFailure):
+                pass  # the last count stays; history_age_seconds says how old it is
+            else:
+                with self._lock:
+                    self._latest = (history, started)
+            self._stopped.wait(self._every)
+
+
+class FiguresCollector(Collector):
+    """Measures on every scrape through a fresh connection from ``connect``: all of it, or
+    the live figures with ``history``'s last count."""
+
+    def __init__(self, connect: ConnectionFactory, history: HistoryCounter | None = None) -> None:
+        self._connect = connect
+        self._history = history
 
     def collect(self) -> Iterator[Metric]:
         started = time.monotonic()
         try:
             with self._connect() as conn:
-                measured = figures.measure(conn)
+                measured = figures.measure(conn, history=self._history is None)
                 destinations = list_destinations(conn)
         except (psycopg.Error, OSError, RuntimeFailure) as exc:
             # The failure is the figure: a scrape that errors out would hide it.
@@ -149,6 +205,17 @@ class FiguresCollector(Collector):
             yield _scrape_error(exc)
             return
         yield _single("up", "1 when the last scrape could read the database, else 0.", 1)
+        if self._history is not None:
+            latest = self._history.latest()
+            if latest is not None:
+                history, age = latest
+                measured = figures.with_history(measured, history)
+                yield _single(
+                    "history_age_seconds",
+                    "Seconds since the succeeded deliveries and the attempts by outcome were "
+                    "last counted (every --history-every seconds).",
+                    age,
+                )
         yield from figure_metrics(measured, destinations)
         yield _single(
             "scrape_duration_seconds",
@@ -163,8 +230,11 @@ def _scrape_error(exc: Exception) -> GaugeMetricFamily:
     return family
 
 
-def registry_for(connect: ConnectionFactory) -> CollectorRegistry:
-    """A registry holding only the figures (no process or platform metrics of this exporter)."""
+def registry_for(
+    connect: ConnectionFactory, history: HistoryCounter | None = None
+) -> CollectorRegistry:
+    """A registry holding only the figures (no process or platform metrics of this exporter);
+    the history from ``history``'s counts, or counted at each scrape without one."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(FiguresCollector(connect))
+    registry.register(FiguresCollector(connect, history))
     return registry

@@ -9,9 +9,14 @@ import psycopg
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from media_hooks.observe.metrics import registry_for
+from media_hooks.observe.metrics import HistoryCounter, registry_for
 from media_hooks.store import db
+from media_hooks_tests.interleaving import wait_for
 from media_hooks_tests.operator_data import prepare
+
+SUCCEEDED = ("media_hooks_deliveries", (("destination_id", "alpha"), ("state", "succeeded")))
+PENDING = ("media_hooks_deliveries", (("destination_id", "alpha"), ("state", "pending")))
+AGE = ("media_hooks_history_age_seconds", ())
 
 
 def samples(registry) -> dict[tuple[str, tuple], float]:
@@ -59,3 +64,46 @@ def test_an_unreadable_database_is_a_figure_not_an_error():
     assert found[("media_hooks_up", ())] == 0
     assert found[("media_hooks_scrape_error", (("kind", "OperationalError"),))] == 1
     assert not any(name == "media_hooks_deliveries" for name, _ in found)
+
+
+@contextmanager
+def counting(connect, every: float):
+    counter = HistoryCounter(connect, every)
+    counter.start()
+    try:
+        yield counter
+    finally:
+        counter.stop()
+        assert not counter._thread.is_alive()
+
+
+def test_the_history_is_counted_on_its_own_schedule(conn, database_url):
+    connect = partial(db.connect, database_url, autocommit=True)
+    prepare(conn)
+    with counting(connect, every=0.05) as counter:
+        registry = registry_for(connect, counter)
+        wait_for(lambda: samples(registry).get(SUCCEEDED) == 1, "the first count")
+        conn.execute(
+            "UPDATE webhook_delivery SET state = 'succeeded', updated_at = now()"
+            " WHERE delivery_id = (SELECT min(delivery_id) FROM webhook_delivery"
+            " WHERE destination_id = 'alpha' AND state = 'pending')"
+        )
+        wait_for(lambda: samples(registry).get(SUCCEEDED) == 2, "a later count")
+        found = samples(registry)
+    assert 0 <= found[AGE] < 5
+    assert found[("media_hooks_attempts_finished_last_hour", (("outcome", "rejected"),))] == 2
+
+
+def test_before_its_first_count_the_history_is_absent_not_zero(conn, database_url):
+    @contextmanager
+    def broken():
+        raise psycopg.OperationalError("connection refused")
+        yield
+
+    prepare(conn)
+    with counting(broken, every=0.05) as counter:
+        found = samples(registry_for(partial(db.connect, database_url, autocommit=True), counter))
+    # The live figures are there; what the counter could not count is not.
+    assert found[("media_hooks_up", ())] == 1 and found[PENDING] >= 1
+    assert SUCCEEDED not in found and AGE not in found
+    assert not any(name.startswith("media_hooks_attempts_finished") for name, _ in found)

@@ -33,7 +33,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from bench import stats
+from bench import stats, sustained
 from bench.hot_path_prototype import (
     DESTINATIONS,
     P_CLAIM,
@@ -48,6 +48,7 @@ from bench.hot_path_prototype import (
     STEP,
 )
 from bench.scratch import Scratch, machine, postgres, server_url
+from bench.sustained_roles import own_wal_bytes
 
 PART_SECONDS = 15
 AHEAD = 4  # partitions made ahead of now
@@ -77,7 +78,7 @@ class Partitions:
     """Each partitioned table's partitions by the start of their range (epoch seconds)."""
 
     def __init__(self, url: str) -> None:
-        self.conn = psycopg.connect(url, autocommit=True)
+        self.conn = psycopg.connect(url, autocommit=True, row_factory=dict_row)
         self.made: dict[str, dict[int, str]] = {table: {} for table in PARTITIONED}
         self.dropped = 0
 
@@ -134,6 +135,8 @@ class Load:
         self.claims: list[float] = []
         self.records: list[float] = []
         self.errors: list[str] = []
+        # The producer's and retention's own WAL so far (None: the server cannot tell).
+        self.own_wal: dict[str, int | None] = {"emit": 0, "retention": 0}
 
     def run(self, target, *args) -> threading.Thread:
         def guarded() -> None:
@@ -170,6 +173,7 @@ class Load:
                     },
                 )
                 self.emitted += EMIT_BATCH
+                self.own_wal["emit"] = own_wal_bytes(conn)
 
     def worker(self, destination: str) -> None:
         with psycopg.connect(self.url, autocommit=True, row_factory=dict_row) as conn:
@@ -215,13 +219,15 @@ class Load:
             self.terminal += outcomes.count("success")
 
     def retention(self, partitions: Partitions, retain: float, duplicate: float) -> None:
-        with psycopg.connect(self.url, autocommit=True) as conn:
+        with psycopg.connect(self.url, autocommit=True, row_factory=dict_row) as conn:
             while not self.stop.wait(2):
                 partitions.make_ahead()
                 partitions.drop_old(retain)
                 expire = P_EXPIRE_IDENTITY.replace("%(cutoff)s", "to_timestamp(%(cutoff)s)")
                 while conn.execute(expire, {"cutoff": time.time() - duplicate}).rowcount:
                     pass
+                written = [own_wal_bytes(conn), own_wal_bytes(partitions.conn)]
+                self.own_wal["retention"] = None if None in written else sum(written)
 
     def take(self) -> tuple[list[float], list[float]]:
         with self.lock:
@@ -231,16 +237,23 @@ class Load:
 
 
 def snapshot(conn: psycopg.Connection) -> dict[str, Any]:
-    wal = conn.execute(
-        "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS b"
-    ).fetchone()["b"]
+    position = conn.execute(sustained.WAL).fetchone()
     tables = {r["name"]: dict(r) for r in conn.execute(FIGURES)}
     history = conn.execute(HISTORY_BYTES, {"tables": list(PARTITIONED)}).fetchone()["bytes"]
-    return {"wal": wal, "tables": tables, "history_bytes": history}
+    return {
+        "wal": position["wal"],
+        "lsn": position["lsn"],
+        "fpi": position["fpi"],
+        "tables": tables,
+        "history_bytes": history,
+        "fpi_bytes": None,
+    }
 
 
 def window(number: int, before: dict, after: dict, claims: list, records: list) -> dict:
     deliveries = after["terminal"] - before["terminal"]
+    wal = after["wal"] - before["wal"]
+    fpi_bytes = after["fpi_bytes"]
     state_now, state_then = after["tables"]["p_state"], before["tables"]["p_state"]
     updates = state_now["n_tup_upd"] - state_then["n_tup_upd"]
     hot = state_now["n_tup_hot_upd"] - state_then["n_tup_hot_upd"]
@@ -251,7 +264,12 @@ def window(number: int, before: dict, after: dict, claims: list, records: list) 
         "per_second": round(deliveries / seconds, 1),
         "claim_p99_ms": round((stats.percentile(claims, 0.99) or 0) * 1000, 2),
         "record_p99_ms": round((stats.percentile(records, 0.99) or 0) * 1000, 2),
-        "wal_bytes_per_delivery": round((after["wal"] - before["wal"]) / deliveries, 1),
+        "wal_bytes_per_delivery": round(wal / deliveries, 1),
+        # The producer's own, retention's own, and the rest: what delivering costs.
+        **sustained.wal_split(wal, deliveries, before, after),
+        # The full-page images among it (bench.sustained: pg_stat_wal and pg_walinspect).
+        "fpi_per_delivery": round((after["fpi"] - before["fpi"]) / deliveries, 3),
+        "fpi_bytes_per_delivery": None if fpi_bytes is None else round(fpi_bytes / deliveries, 1),
         "state_hot_ratio": round(hot / updates, 4) if updates else None,
         "state_mib": round(state_now["bytes"] / 2**20, 2),
         "timer_mib": round(after["tables"]["p_timer"]["bytes"] / 2**20, 2),
@@ -284,11 +302,16 @@ def run(url: str, deliveries: int, args: argparse.Namespace) -> dict[str, Any]:
     windows = []
     started = time.monotonic()
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-        last = {"at": time.monotonic(), "terminal": 0, **snapshot(conn)}
+        inspect_wal = sustained.can_inspect_wal(conn)
+        last = {"at": time.monotonic(), "terminal": 0, "own_wal": dict(load.own_wal)}
+        last.update(snapshot(conn))
         while len(windows) < WINDOWS and not load.stop.wait(0.1):
             if load.terminal < boundaries[len(windows)]:
                 continue
-            now = {"at": time.monotonic(), "terminal": load.terminal, **snapshot(conn)}
+            now = {"at": time.monotonic(), "terminal": load.terminal}
+            now.update(own_wal=dict(load.own_wal), **snapshot(conn))
+            if inspect_wal:
+                now["fpi_bytes"] = sustained.fpi_bytes(conn, last["lsn"], now["lsn"])
             windows.append(window(len(windows) + 1, last, now, *load.take()))
             last = now
         load.stop.set()
@@ -303,7 +326,9 @@ def run(url: str, deliveries: int, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-COLUMNS = ("per_second", "claim_p99_ms", "wal_bytes_per_delivery", "state_hot_ratio",
+COLUMNS = ("per_second", "claim_p99_ms", "wal_bytes_per_delivery",
+           "delivering_wal_bytes_per_delivery", "fpi_bytes_per_delivery",
+           "state_hot_ratio",
            "state_mib", "timer_mib", "identity_mib", "history_mib", "state_dead", "timer_dead",
            "autovacuum_runs")  # fmt: skip
 
@@ -327,12 +352,20 @@ def draw(document: dict[str, Any], path: Path) -> None:
     panels = (
         ("MiB", {k: f"{k}_mib" for k in ("state", "timer", "identity", "history")}),
         ("HOT ratio, state row", {"": "state_hot_ratio"}),
-        ("WAL bytes per delivery (all writers)", {"": "wal_bytes_per_delivery"}),
+        (
+            "WAL bytes per delivery (all writers)",
+            {
+                "all": "wal_bytes_per_delivery",
+                "delivering": "delivering_wal_bytes_per_delivery",
+                "full-page images": "fpi_bytes_per_delivery",
+            },
+        ),
         ("dead tuples", {"state": "state_dead", "timer": "timer_dead"}),
     )
     for axis, (title, series) in zip(axes.flat, panels, strict=True):
         for label, key in series.items():
-            axis.plot(xs, [w[key] for w in windows], marker="o", label=label or None)
+            values = [math.nan if w[key] is None else w[key] for w in windows]
+            axis.plot(xs, values, marker="o", label=label or None)
         axis.set_title(title, fontsize=10)
         axis.set_xlabel("deliveries done (thousands)")
         axis.set_ylim(bottom=0)

@@ -372,7 +372,7 @@ def window_figures(
         }
     wal = after["wal"] - before["wal"]
     return {
-        **_wal_split(wal, deliveries, before, after),
+        **wal_split(wal, deliveries, before, after),
         **_full_page_images(deliveries, before, after, windows),
         "window": number,
         "ended_after_seconds": round(after["at"] - windows.started, 2),
@@ -532,7 +532,7 @@ def drive(url: str, size: Size, receiver: str, home: Path, deadline: float) -> d
     }
 
 
-def _wal_split(
+def wal_split(
     wal: int, deliveries: int, before: dict[str, Any], after: dict[str, Any]
 ) -> dict[str, float | None]:
     """The server's WAL per delivery split into the producer's, retention's and the rest (the
@@ -578,7 +578,7 @@ def totals_over(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
         hot[name] = _ratio(now["n_tup_hot_upd"] - then["n_tup_hot_upd"], changed)
     wal = last["wal"] - first["wal"]
     return {
-        **_wal_split(wal, deliveries, first, last),
+        **wal_split(wal, deliveries, first, last),
         "fpi_per_delivery": round((last["fpi"] - first["fpi"]) / deliveries, 3)
         if deliveries
         else None,

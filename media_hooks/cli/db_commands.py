@@ -180,6 +180,20 @@ def _advice(status: DatabaseStatus) -> str:
     return f"the next media-hooks command starts it again (e.g. `{me} db url`)"
 
 
+def _wal(status: DatabaseStatus) -> str | None:
+    if status.wal_compression is None:
+        return None
+    text = f"wal_compression {status.wal_compression}, data checksums {status.data_checksums}"
+    if status.wal_compression == "off":
+        # Measured by the sustained-load benchmark (docs/deployment/capacity.md).
+        text += (
+            " (under load a quarter to two fifths of the WAL is full-page images, which"
+            " wal_compression shrinks about tenfold: ALTER SYSTEM SET wal_compression = lz4,"
+            " or pglz)"
+        )
+    return text
+
+
 def render_status(status: DatabaseStatus) -> str:
     version = status.server_version
     if version is not None:
@@ -196,6 +210,7 @@ def render_status(status: DatabaseStatus) -> str:
         ("size", _size(status)),
         ("version", version),
         ("sessions", sessions),
+        ("wal", _wal(status)),
         ("schema", status.schema),
         ("log", status.log),
         ("error", status.error),

@@ -34,6 +34,10 @@ class DatabaseStatus:
     pid: int | None = None
     started_at: datetime | None = None
     other_sessions: int | None = None
+    # Whether the server compresses the full-page images of its WAL, and whether its pages
+    # carry checksums (then a hint bit set after a checkpoint logs its page too).
+    wal_compression: str | None = None
+    data_checksums: str | None = None
     schema: str | None = None
     log: Path | None = None
     # Why a server that should answer did not: the report is incomplete.
@@ -97,6 +101,8 @@ def _embedded(settings: Settings) -> DatabaseStatus:
         pid=running.pid,
         started_at=running.started_at,
         other_sessions=facts.get("other_sessions"),
+        wal_compression=facts.get("wal_compression"),
+        data_checksums=facts.get("data_checksums"),
         schema=facts.get("schema"),
         log=folder / "log",
         error=facts.get("error"),
@@ -115,6 +121,8 @@ def _configured(settings: Settings) -> DatabaseStatus:
         size_bytes=facts.get("database_bytes"),
         server_version=facts.get("server_version"),
         other_sessions=facts.get("other_sessions"),
+        wal_compression=facts.get("wal_compression"),
+        data_checksums=facts.get("data_checksums"),
         schema=facts.get("schema"),
         error=facts.get("error"),
     )

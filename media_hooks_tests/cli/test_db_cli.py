@@ -104,6 +104,7 @@ def test_the_embedded_servers_lifecycle(private_home):
         assert document["server_version"].startswith("18.")
         assert document["schema"].startswith("current")
         assert document["other_sessions"] >= 1  # this test's own connection
+        assert document["data_checksums"] == "on"  # PostgreSQL 18's initdb makes them
         text = run_cli("db", "status", env=env).stdout
         assert text.startswith(f"embedded PostgreSQL server: running (pid {running.pid}")
         assert "db stop" in text and "db shell" in text
@@ -199,6 +200,12 @@ def test_status_of_a_configured_server_redacts_and_measures(cli_env, database_ur
     assert document["schema"] == f"current ({len(migration_files())} migrations)"
     text = run_cli("db", "status", env=env).stdout
     assert "(password set, not shown)" in text and PASSWORD not in text
+    # How much of its WAL will be full-page images, and what to set when it is not compressed.
+    compression = _setting(database_url, "wal_compression")
+    assert document["wal_compression"] == compression
+    assert document["data_checksums"] == _setting(database_url, "data_checksums")
+    assert f"wal_compression {compression}, data checksums" in text
+    assert ("ALTER SYSTEM SET wal_compression" in text) == (compression == "off")
 
 
 def test_status_of_an_unreachable_server_is_exit_1_without_the_password():

@@ -125,7 +125,8 @@ SIZES = {
 AUTOVACUUM_SETTINGS = """
 SELECT name, setting, source FROM pg_settings
 WHERE name LIKE 'autovacuum%%' OR name IN ('track_counts', 'shared_buffers', 'max_wal_size',
-      'checkpoint_timeout', 'wal_level', 'full_page_writes', 'synchronous_commit')
+      'checkpoint_timeout', 'wal_level', 'full_page_writes', 'synchronous_commit',
+      'wal_compression', 'data_checksums')
 ORDER BY name
 """
 

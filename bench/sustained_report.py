@@ -43,6 +43,11 @@ def _flatness(windows: list[dict[str, Any]]) -> float | None:
     return _quotient(last, first)
 
 
+# What decides how much of the WAL is full-page images (bench/results/sustained-deep-fpi/).
+WAL_SETTINGS = ("wal_compression", "data_checksums", "full_page_writes", "max_wal_size",
+                "checkpoint_timeout")  # fmt: skip
+
+
 def targets(document: Document) -> list[dict[str, Any]]:
     """Issue 34's targets, each with the measured value and whether it is met."""
     windows = _windows(document)
@@ -156,6 +161,8 @@ def render(document: Document) -> str:
         )
         + "; its settings: "
         + ", ".join(f"{k} {v}" for k, v in pg["settings"].items() if k.startswith("autovacuum"))
+        + ". WAL: "
+        + ", ".join(f"{k} {pg['settings'][k]}" for k in WAL_SETTINGS if k in pg["settings"])
         + ".",
         f"Settings: {size['destinations']} destinations ({size['failing']} failing publishers "
         f"answering 500 to {size['fail_percent']}% of requests; max_attempts {size['max_attempts']}, "

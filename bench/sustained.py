@@ -213,8 +213,9 @@ ORDER BY i.relname, i.indexrelname
 """
 WAL = """
 SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS wal,
-       pg_current_wal_lsn()::text AS lsn, (SELECT wal_fpi FROM pg_stat_wal) AS fpi
+       pg_current_wal_flush_lsn()::text AS lsn, (SELECT wal_fpi FROM pg_stat_wal) AS fpi
 """
+# lsn: where the WAL is flushed to, the furthest pg_walinspect reads on PostgreSQL 15.
 # The bytes of the full-page images in a stretch of WAL (pg_walinspect, PostgreSQL 15 and later;
 # the stretch must still be on disk: a checkpoint may have recycled its start).
 FPI_BYTES = """

@@ -246,14 +246,12 @@ def snapshot(conn: psycopg.Connection) -> dict[str, Any]:
         "fpi": position["fpi"],
         "tables": tables,
         "history_bytes": history,
-        "fpi_bytes": None,
     }
 
 
 def window(number: int, before: dict, after: dict, claims: list, records: list) -> dict:
     deliveries = after["terminal"] - before["terminal"]
     wal = after["wal"] - before["wal"]
-    fpi_bytes = after["fpi_bytes"]
     state_now, state_then = after["tables"]["p_state"], before["tables"]["p_state"]
     updates = state_now["n_tup_upd"] - state_then["n_tup_upd"]
     hot = state_now["n_tup_hot_upd"] - state_then["n_tup_hot_upd"]
@@ -268,8 +266,7 @@ def window(number: int, before: dict, after: dict, claims: list, records: list) 
         # The producer's own, retention's own, and the rest: what delivering costs.
         **sustained.wal_split(wal, deliveries, before, after),
         # The full-page images among it (bench.sustained: pg_stat_wal and pg_walinspect).
-        "fpi_per_delivery": round((after["fpi"] - before["fpi"]) / deliveries, 3),
-        "fpi_bytes_per_delivery": None if fpi_bytes is None else round(fpi_bytes / deliveries, 1),
+        **sustained.full_page_images(deliveries, before, after),
         "state_hot_ratio": round(hot / updates, 4) if updates else None,
         "state_mib": round(state_now["bytes"] / 2**20, 2),
         "timer_mib": round(after["tables"]["p_timer"]["bytes"] / 2**20, 2),
@@ -301,22 +298,27 @@ def run(url: str, deliveries: int, args: argparse.Namespace) -> dict[str, Any]:
     boundaries = [deliveries * (k + 1) // WINDOWS for k in range(WINDOWS)]
     windows = []
     started = time.monotonic()
+    images = sustained.ImageReader.start(url)
+
+    def mark(terminal: int) -> dict[str, Any]:
+        now = {"at": time.monotonic(), "terminal": terminal, "own_wal": dict(load.own_wal)}
+        now.update(snapshot(conn))
+        now["images"] = None if images is None else images.mark(now["lsn"])
+        return now
+
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-        inspect_wal = sustained.can_inspect_wal(conn)
-        last = {"at": time.monotonic(), "terminal": 0, "own_wal": dict(load.own_wal)}
-        last.update(snapshot(conn))
+        last = mark(0)
         while len(windows) < WINDOWS and not load.stop.wait(0.1):
             if load.terminal < boundaries[len(windows)]:
                 continue
-            now = {"at": time.monotonic(), "terminal": load.terminal}
-            now.update(own_wal=dict(load.own_wal), **snapshot(conn))
-            if inspect_wal:
-                now["fpi_bytes"] = sustained.fpi_bytes(conn, last["lsn"], now["lsn"])
+            now = mark(load.terminal)
             windows.append(window(len(windows) + 1, last, now, *load.take()))
             last = now
         load.stop.set()
         for thread in threads:
             thread.join(timeout=60)
+    if images is not None:
+        images.stop()
     return {
         "seconds": round(time.monotonic() - started, 1),
         "complete": len(windows) == WINDOWS,

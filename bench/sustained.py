@@ -237,22 +237,74 @@ def snapshot(conn: psycopg.Connection) -> dict[str, Any]:
     }
 
 
-def can_inspect_wal(conn: psycopg.Connection) -> bool:
-    """Whether this session can read the WAL's records (pg_walinspect: a superuser's)."""
-    try:
-        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-    except psycopg.Error:
-        return False
-    return True
+def _lsn(text: str) -> int:
+    high, low = text.split("/")
+    return int(high, 16) << 32 | int(low, 16)
 
 
-def fpi_bytes(conn: psycopg.Connection, start: str, end: str) -> int | None:
-    """The full-page images' bytes between two WAL positions, or None where the server can no
-    longer read them."""
-    try:
-        return int(conn.execute(FPI_BYTES, {"start": start, "end": end}).fetchone()["fpi_bytes"])
-    except psycopg.Error:
+class ImageReader:
+    """The bytes of the full-page images in the WAL, read with pg_walinspect (a superuser's,
+    PostgreSQL 15 and later) every few seconds as the WAL is written: a window of a long run
+    writes more than ``max_wal_size``, and a checkpoint recycles WAL that was not read in time.
+    ``mark(lsn)`` reads up to ``lsn`` and returns the bytes read since the reader began and how
+    many stretches could not be read; two marks with the same count of lost stretches bound an
+    exact figure."""
+
+    EVERY_SECONDS = 10.0
+
+    def __init__(self, url: str) -> None:
+        self.conn = psycopg.connect(url, autocommit=True, row_factory=dict_row)
+        try:
+            self.conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        except psycopg.Error:
+            self.conn.close()
+            raise
+        self.lsn = self.conn.execute(WAL).fetchone()["lsn"]
+        self.read = 0
+        self.lost = 0
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="image-reader", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def start(cls, url: str) -> ImageReader | None:
+        """A reader, or None where this session cannot read the WAL."""
+        try:
+            return cls(url)
+        except psycopg.Error:
+            return None
+
+    def mark(self, lsn: str) -> tuple[int, int]:
+        with self._lock:
+            if _lsn(lsn) > _lsn(self.lsn):
+                try:
+                    found = self.conn.execute(FPI_BYTES, {"start": self.lsn, "end": lsn})
+                    self.read += int(found.fetchone()["fpi_bytes"])
+                except psycopg.Error:
+                    self.lost += 1
+                self.lsn = lsn
+            return self.read, self.lost
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.EVERY_SECONDS):
+            with self._lock:
+                lsn = self.conn.execute(WAL).fetchone()["lsn"]
+            self.mark(lsn)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=30)
+        self.conn.close()
+
+
+def image_bytes(before: dict[str, Any], after: dict[str, Any]) -> int | None:
+    """The images' bytes between two marks (``images``: ImageReader.mark's), or None where the
+    reader could not read all of the stretch between them (or there is no reader)."""
+    if before.get("images") is None or after.get("images") is None:
         return None
+    (read_then, lost_then), (read_now, lost_now) = before["images"], after["images"]
+    return read_now - read_then if lost_now == lost_then else None
 
 
 # Windows ---------------------------------------------------------------------------------------
@@ -265,7 +317,7 @@ class Windows:
 
     def __init__(self, url: str, total: int) -> None:
         self.conn = psycopg.connect(url, autocommit=True, row_factory=dict_row)
-        self.inspect_wal = can_inspect_wal(self.conn)
+        self.images = ImageReader.start(url)
         self.boundaries = [total * (k + 1) // WINDOWS for k in range(WINDOWS)]
         self.started = time.monotonic()
         self.closed: list[dict[str, Any]] = []
@@ -323,7 +375,9 @@ class Windows:
 
     def _mark(self, at: float) -> dict[str, Any]:
         mark = {"at": at, "terminal": self.terminal, "own_wal": dict(self.own_wal)}
-        return {**mark, **snapshot(self.conn)}
+        mark.update(snapshot(self.conn))
+        mark["images"] = None if self.images is None else self.images.mark(mark["lsn"])
+        return mark
 
     def _close(self, at: float) -> None:
         now = self._mark(at)
@@ -336,6 +390,8 @@ class Windows:
             self.done.set()
 
     def close(self) -> None:
+        if self.images is not None:
+            self.images.stop()
         self.conn.close()
 
 
@@ -375,7 +431,7 @@ def window_figures(
     wal = after["wal"] - before["wal"]
     return {
         **wal_split(wal, deliveries, before, after),
-        **_full_page_images(deliveries, before, after, windows),
+        **full_page_images(deliveries, before, after),
         "window": number,
         "ended_after_seconds": round(after["at"] - windows.started, 2),
         "deliveries_done": after["terminal"],
@@ -554,14 +610,14 @@ def wal_split(
     return split
 
 
-def _full_page_images(
-    deliveries: int, before: dict[str, Any], after: dict[str, Any], windows: Windows
+def full_page_images(
+    deliveries: int, before: dict[str, Any], after: dict[str, Any]
 ) -> dict[str, float | None]:
     """How many full-page images the server wrote per delivery (the first change of a page
-    after a checkpoint logs the whole page), and their bytes where the WAL can be read."""
+    after a checkpoint logs the whole page), and their bytes where the WAL could be read."""
     if not deliveries:
         return {"fpi_per_delivery": None, "fpi_bytes_per_delivery": None}
-    written = fpi_bytes(windows.conn, before["lsn"], after["lsn"]) if windows.inspect_wal else None
+    written = image_bytes(before, after)
     return {
         "fpi_per_delivery": round((after["fpi"] - before["fpi"]) / deliveries, 3),
         "fpi_bytes_per_delivery": None if written is None else round(written / deliveries, 1),

@@ -390,7 +390,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args(argv)
     server = server_url()
-    with Scratch(server, "mh_hot_path_load") as scratch:
+    # Autovacuum at the server's defaults, turned on for the run where the server has it off.
+    with (
+        sustained.autovacuum_at_defaults(server) as found,
+        Scratch(server, "mh_hot_path_load") as scratch,
+    ):
         url = scratch.create()
         result = run(url, args.deliveries, args)
     document = {
@@ -398,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "part_seconds": PART_SECONDS,
         "machine": machine(),
-        "postgres": postgres(server),
+        "postgres": {**postgres(server), **found},
         **result,
     }
     args.out.mkdir(parents=True, exist_ok=True)

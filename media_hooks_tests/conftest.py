@@ -90,10 +90,14 @@ def create_database(server: str, template: str | None = None) -> str:
 
 
 def _drop_now(server: str, name: str) -> None:
+    """Drop ``name`` and the Dagster database a command made beside it on a configured server
+    (``<name>_dagster``: orchestration.instance.storage_url), which would otherwise outlive
+    the test on a shared server."""
     with _admin(server) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
+        for database in (name, f"{name}_dagster"):
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database))
+            )
 
 
 class _Clones:

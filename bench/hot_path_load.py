@@ -237,16 +237,9 @@ class Load:
 
 
 def snapshot(conn: psycopg.Connection) -> dict[str, Any]:
-    position = conn.execute(sustained.WAL).fetchone()
     tables = {r["name"]: dict(r) for r in conn.execute(FIGURES)}
     history = conn.execute(HISTORY_BYTES, {"tables": list(PARTITIONED)}).fetchone()["bytes"]
-    return {
-        "wal": position["wal"],
-        "lsn": position["lsn"],
-        "fpi": position["fpi"],
-        "tables": tables,
-        "history_bytes": history,
-    }
+    return {**sustained.wal_position(conn), "tables": tables, "history_bytes": history}
 
 
 def window(number: int, before: dict, after: dict, claims: list, records: list) -> dict:

@@ -225,16 +225,16 @@ FROM pg_get_wal_stats(%(start)s::pg_lsn, %(end)s::pg_lsn)
 STATES = "SELECT state, count(*) AS n FROM webhook_delivery GROUP BY state ORDER BY state"
 
 
+def wal_position(conn: psycopg.Connection) -> dict[str, Any]:
+    """The WAL written so far (bytes), where it is flushed to, and the full-page images so far."""
+    position = conn.execute(WAL).fetchone()
+    return {"wal": int(position["wal"]), "lsn": position["lsn"], "fpi": int(position["fpi"])}
+
+
 def snapshot(conn: psycopg.Connection) -> dict[str, Any]:
     """The server's WAL position and each table's counters and sizes, now."""
-    position = conn.execute(WAL).fetchone()
     rows = conn.execute(TABLE_FIGURES, {"tables": list(TABLES)}).fetchall()
-    return {
-        "wal": int(position["wal"]),
-        "lsn": position["lsn"],
-        "fpi": int(position["fpi"]),
-        "tables": {r["name"]: dict(r) for r in rows},
-    }
+    return {**wal_position(conn), "tables": {r["name"]: dict(r) for r in rows}}
 
 
 def _lsn(text: str) -> int:
@@ -259,7 +259,7 @@ class ImageReader:
         except psycopg.Error:
             self.conn.close()
             raise
-        self.lsn = self.conn.execute(WAL).fetchone()["lsn"]
+        self.lsn = wal_position(self.conn)["lsn"]
         self.read = 0
         self.lost = 0
         self._lock = threading.Lock()
@@ -289,7 +289,7 @@ class ImageReader:
     def _run(self) -> None:
         while not self._stopped.wait(self.EVERY_SECONDS):
             with self._lock:
-                lsn = self.conn.execute(WAL).fetchone()["lsn"]
+                lsn = wal_position(self.conn)["lsn"]
             self.mark(lsn)
 
     def stop(self) -> None:
@@ -637,9 +637,7 @@ def totals_over(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
     wal = last["wal"] - first["wal"]
     return {
         **wal_split(wal, deliveries, first, last),
-        "fpi_per_delivery": round((last["fpi"] - first["fpi"]) / deliveries, 3)
-        if deliveries
-        else None,
+        **full_page_images(deliveries, first, last),
         "deliveries": deliveries,
         "wal_bytes": wal,
         "wal_bytes_per_delivery": round(wal / deliveries, 1) if deliveries else None,

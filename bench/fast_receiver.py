@@ -45,6 +45,8 @@ _WEBHOOK_ID = re.compile(rb"\r\nwebhook-id:\s*([^\r\n]*)", re.IGNORECASE)
 _OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 12\r\n\r\n" + (
     b'{"ok": true}'
 )
+# How soon the receiver notices that the process that started it is gone.
+PARENT_POLL_SECONDS = 0.5
 _FAILED = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n"
 _FAIL_SHARE = re.compile(r"/fail-(\d+)(?:/|$)")
 
@@ -140,11 +142,16 @@ class _Http(asyncio.Protocol):
 
 
 async def _serve(host: str, port: int) -> None:
+    parent = os.getppid()
     loop = asyncio.get_running_loop()
     server = await loop.create_server(_Http, host, port, backlog=4096)
     print(f"listening {server.sockets[0].getsockname()[1]}", flush=True)
     async with server:
-        await server.serve_forever()
+        # It serves the process that started it, and ends with it: a benchmark ended by
+        # SIGTERM or SIGKILL never reaches the `finally` that stops it, and its receiver would
+        # otherwise serve on for nobody.
+        while os.getppid() == parent:
+            await asyncio.sleep(PARENT_POLL_SECONDS)
 
 
 @contextlib.contextmanager

@@ -242,3 +242,44 @@ def test_a_repeat_the_measurements_time_ran_out_on_is_dropped(monkeypatch, tmp_p
 
     assert results["slow"] == [{"complete": True, "path": "slow"}]
     assert len(results["quick"]) == 2  # the third round found no time left
+
+
+STARTS_A_RECEIVER = """
+import sys
+from bench.fast_receiver import fast_receiver
+with fast_receiver() as url:
+    print(url, flush=True)
+    sys.stdin.read()  # until the test kills this process
+"""
+
+
+def test_the_fast_receiver_ends_with_the_process_that_started_it():
+    """A benchmark killed outright (SIGKILL: no `finally` runs) leaves no receiver behind."""
+    import psutil
+
+    from bench.fast_receiver import answered
+    from media_hooks_tests.interleaving import wait_for
+
+    starter = subprocess.Popen(
+        [sys.executable, "-c", STARTS_A_RECEIVER],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    receiver = None
+    try:
+        url = starter.stdout.readline().strip()
+        assert answered(url) == 0  # it serves
+        (receiver,) = psutil.Process(starter.pid).children()
+        starter.kill()
+        starter.wait(timeout=10)
+
+        def ended() -> bool:
+            return not receiver.is_running() or receiver.status() == psutil.STATUS_ZOMBIE
+
+        wait_for(ended, "the receiver to end after its starter", 15)
+    finally:
+        starter.kill()
+        if receiver is not None and receiver.is_running():
+            receiver.kill()

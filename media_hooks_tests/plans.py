@@ -42,3 +42,9 @@ def rows_fetched(conn: psycopg.Connection) -> int:
         {"t": list(HISTORY_TABLES)},
     ).fetchone()
     return int(row["n"] if isinstance(row, dict) else row[0])
+
+
+def sql_block(markdown: str) -> list[str]:
+    """The statements of a Markdown text's SQL block (what the UI shows an operator to run)."""
+    block = markdown.split("```sql\n", 1)[1].split("```", 1)[0]
+    return [part.strip() for part in block.split(";") if part.strip()]

@@ -227,8 +227,6 @@ CREATE INDEX delivery_attempt_destination ON public.delivery_attempt USING btree
 
 CREATE UNIQUE INDEX delivery_attempt_pkey ON public.delivery_attempt USING btree (delivery_id, attempt_no);
 
-CREATE INDEX delivery_attempt_run ON public.delivery_attempt USING btree (run_id);
-
 CREATE INDEX delivery_attempt_started ON public.delivery_attempt USING btree (started_at);
 
 CREATE UNIQUE INDEX delivery_identity_pkey ON public.delivery_identity USING btree (delivery_id);
@@ -251,9 +249,9 @@ CREATE UNIQUE INDEX destination_limiter_pkey ON public.destination_limiter USING
 
 CREATE UNIQUE INDEX destination_subscription_pkey ON public.destination_subscription USING btree (destination_id, pattern);
 
-CREATE UNIQUE INDEX dispatch_outbox_pkey ON public.dispatch_outbox USING btree (message_id);
+CREATE INDEX dispatch_outbox_by_run ON public.dispatch_outbox USING btree (run_id);
 
-CREATE INDEX dispatch_outbox_run ON public.dispatch_outbox USING btree (run_id, destination_id, message_id);
+CREATE UNIQUE INDEX dispatch_outbox_pkey ON public.dispatch_outbox USING btree (message_id);
 
 CREATE UNIQUE INDEX one_row_per_dispatch ON public.dispatch_outbox USING btree (delivery_id, dispatch_no);
 

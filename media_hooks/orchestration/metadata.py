@@ -100,8 +100,13 @@ def rows_of_run(run_id: str) -> str:
             "FROM dispatch_outbox o JOIN webhook_delivery d USING (delivery_id)",
             f"WHERE o.run_id = '{run_id}' ORDER BY o.destination_id, o.message_id;",
             "",
-            "SELECT delivery_id, attempt_no, outcome, http_status, started_at, finished_at",
-            f"FROM delivery_attempt WHERE run_id = '{run_id}' ORDER BY started_at;",
+            # From the run's dispatches to their attempts: both by index, however long the
+            # history (no index has the attempts' run_id).
+            "SELECT a.delivery_id, a.attempt_no, a.outcome, a.http_status, a.started_at,",
+            "       a.finished_at",
+            "FROM dispatch_outbox o JOIN delivery_attempt a ON a.delivery_id = o.delivery_id",
+            "  AND a.message_id = o.message_id AND a.run_id = o.run_id",
+            f"WHERE o.run_id = '{run_id}' ORDER BY a.started_at;",
             "```",
             "",
             "One delivery's whole story (every dispatch with its run id, every attempt):",

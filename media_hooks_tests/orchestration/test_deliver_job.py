@@ -15,6 +15,7 @@ from media_hooks.orchestration.running import delivery_run_config
 from media_hooks.outbox.maintenance import sweeps
 from media_hooks_tests.factories import add_deliveries, add_destination
 from media_hooks_tests.orchestration.conftest import SPAWN, deliver
+from media_hooks_tests.plans import sql_block
 
 SPAWN_NO_RETRIES = {
     "config": {"multiprocess": {**SPAWN["config"]["multiprocess"], "retries": {"disabled": {}}}}
@@ -59,7 +60,13 @@ def test_three_destinations_one_step_per_destination_counts_rows_carry_the_run_i
     assert outputs["prepare"]["due_destinations"] == 3
     assert "gamma:x" in outputs["prepare"]["destinations"]
     assert outputs["summarize_run"]["succeeded"] == 12
-    assert f"run_id = '{run.run_id}'" in outputs["summarize_run"]["rows_of_this_run"]
+    # The operator's queries in the run's metadata list its 12 dispatches and 12 attempts.
+    dispatches, attempts = [
+        conn.execute(statement).fetchall()
+        for statement in sql_block(outputs["summarize_run"]["rows_of_this_run"])
+    ]
+    assert {r["state"] for r in dispatches} == {"succeeded"} and len(dispatches) == 12
+    assert {r["outcome"] for r in attempts} == {"success"} and len(attempts) == 12
     outbox = conn.execute("SELECT DISTINCT run_id FROM dispatch_outbox").fetchall()
     assert [r["run_id"] for r in outbox] == [run.run_id]
     attempts = conn.execute("SELECT DISTINCT run_id FROM delivery_attempt").fetchall()

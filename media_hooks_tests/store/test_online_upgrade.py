@@ -144,3 +144,30 @@ def test_the_counts_index_is_swapped_while_the_previous_release_delivers(
             counted = conn.execute(statement).fetchall()
         assert "webhook_delivery_succeeded_by_destination" in plan, plan
         assert counted == [{"key": "cdn", "state": "succeeded", "n": COUNT}]
+
+
+def test_the_run_index_is_narrowed_while_the_previous_release_delivers(
+    empty_database_url, settings
+):
+    """0026 applied mid-run: the outbox's run index keeps run_id alone (built concurrently
+    while the run dispatched into it, complete: the run's recovery finds every dispatch by it),
+    and the attempts' run index, which nothing read, goes."""
+    name = "0026_run_indexes_without_history.sql"
+    with psycopg.connect(empty_database_url, autocommit=True, row_factory=dict_row) as conn:
+        assert _migrate_mid_run(conn, empty_database_url, settings, name).applied == [name]
+        indexes = _indexes(conn)
+        assert {"dispatch_outbox_run", "delivery_attempt_run"}.isdisjoint(indexes)
+        valid = conn.execute(
+            "SELECT indisvalid AS v FROM pg_index"
+            " WHERE indexrelid = 'dispatch_outbox_by_run'::regclass"
+        ).fetchone()
+        assert valid["v"]
+        with conn.transaction(force_rollback=True):
+            conn.execute("SET LOCAL enable_seqscan = off")
+            conn.execute("SET LOCAL enable_bitmapscan = off")
+            statement = "SELECT count(*) AS n FROM dispatch_outbox WHERE run_id = 'run-upgrade'"
+            plan = "\n".join(r["QUERY PLAN"] for r in conn.execute("EXPLAIN " + statement))
+            (counted,) = conn.execute(statement).fetchone().values()
+        assert "dispatch_outbox_by_run" in plan, plan
+        assert counted == conn.execute("SELECT count(*) AS n FROM dispatch_outbox").fetchone()["n"]
+        assert counted >= COUNT

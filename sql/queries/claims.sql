@@ -2,7 +2,7 @@
 
 -- name: run_dispatched
 -- description: Whether a run dispatched anything into this database's outbox: one probe of
---   dispatch_outbox_run. (A Dagster instance may serve several deployments, each with its own
+--   dispatch_outbox_by_run. (A Dagster instance may serve several deployments, each with its own
 --   database: a run unknown here is another's.)
 SELECT EXISTS (SELECT 1 FROM dispatch_outbox WHERE run_id = %(run_id)s) AS dispatched;
 

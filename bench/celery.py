@@ -93,7 +93,7 @@ SELECT (SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'destination_l
 CONNECTIONS = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
 BYTES = """
 SELECT sum(pg_total_relation_size(t::regclass))
-FROM unnest(ARRAY['webhook_delivery', 'dispatch_outbox', 'delivery_attempt',
+FROM unnest(ARRAY['webhook_delivery', 'dispatch_outbox_v2', 'delivery_attempt',
                   'delivery_identity']) AS t
 """
 SAMPLE_SECONDS = 0.5

@@ -66,11 +66,10 @@ identities AS (
     INSERT INTO delivery_identity (delivery_id) SELECT delivery_id FROM made
 ),
 outbox AS (
-    INSERT INTO dispatch_outbox
-        (message_id, delivery_id, dispatch_no, destination_id, run_id, body, created_at,
-         published_at)
+    INSERT INTO dispatch_outbox_v2
+        (message_id, delivery_id, dispatch_no, destination_id, run_id, created_at, published_at)
     SELECT current_message_id, delivery_id, 1, destination_id, 'run-' || (updated_at::date),
-           body, updated_at, CASE WHEN state <> 'enqueued' THEN updated_at END
+           updated_at, CASE WHEN state <> 'enqueued' THEN updated_at END
     FROM made WHERE state <> 'pending'
 )
 INSERT INTO delivery_attempt

@@ -11,7 +11,8 @@ At each page size, a destination's backlog claimed as a delivery run claims it:
 
 And ``sketch``: the design record's ``enqueue_due_page`` as written (a page selected FOR
 UPDATE SKIP LOCKED, then an INSERT and an UPDATE per row, page size 250), adapted only to
-name the columns our outbox requires. And ``run_unanalyzed`` beside ``run_analyzed``: the
+name the columns our outbox's table has (since migration 0027 the body is read from the
+delivery, not stored with each dispatch, so the sketch's copy of it is left out too). And ``run_unanalyzed`` beside ``run_analyzed``: the
 claim, pages of 250, on a backlog whose statistics are those of the empty tables (its speed
 must not depend on ANALYZE having run).
 
@@ -20,7 +21,6 @@ Every run claims a whole backlog in a fresh clone of a seeded database.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -48,8 +48,8 @@ FOR UPDATE SKIP LOCKED
 LIMIT %s
 """
 SKETCH_INSERT = """
-INSERT INTO dispatch_outbox (message_id, delivery_id, dispatch_no, destination_id, run_id, body, created_at)
-VALUES (%s, %s, 1, %s, %s, %s, now())
+INSERT INTO dispatch_outbox_v2 (message_id, delivery_id, dispatch_no, destination_id, run_id, created_at)
+VALUES (%s, %s, 1, %s, %s, now())
 ON CONFLICT (message_id) DO NOTHING
 """
 SKETCH_UPDATE = """
@@ -124,11 +124,10 @@ def sketch(url: str, page_size: int = SKETCH_PAGE) -> int:
             with conn.transaction():
                 rows = conn.execute(SKETCH_SELECT, [page_size]).fetchall()
                 for row in rows:
-                    body = json.dumps(row, sort_keys=True, separators=(",", ":"))
                     message_id = sha256(f"webhook:{row['delivery_id']}".encode()).hexdigest()
                     conn.execute(
                         SKETCH_INSERT,
-                        [message_id, row["delivery_id"], row["destination_id"], "sketch", body],
+                        [message_id, row["delivery_id"], row["destination_id"], "sketch"],
                     )
                     conn.execute(SKETCH_UPDATE, [row["delivery_id"]])
             total += len(rows)

@@ -252,7 +252,7 @@ WITH expired AS (
 DELETE FROM p_identity AS i USING expired AS e WHERE i.delivery_id = e.delivery_id
 """
 
-TABLES_CURRENT = ("webhook_delivery", "dispatch_outbox", "delivery_attempt", "delivery_identity",
+TABLES_CURRENT = ("webhook_delivery", "dispatch_outbox_v2", "delivery_attempt", "delivery_identity",
                   "destination_limiter")  # fmt: skip
 TABLES_PROPOSED = ("p_state", "p_timer", "p_identity", "p_body", "p_outbox", "p_attempt",
                    "p_done")  # fmt: skip

@@ -162,7 +162,7 @@ def add_due_deliveries(
     reached)."""
     with psycopg.connect(url, autocommit=True) as conn:
         if not analyze:
-            for table in ("webhook_delivery", "dispatch_outbox", "delivery_attempt"):
+            for table in ("webhook_delivery", "dispatch_outbox_v2", "delivery_attempt"):
                 conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
             conn.execute("ANALYZE")
         conn.execute(

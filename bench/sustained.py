@@ -67,7 +67,7 @@ WINDOWS = 20
 # that retention keeps flat.
 TABLES = (
     "webhook_delivery",
-    "dispatch_outbox",
+    "dispatch_outbox_v2",
     "delivery_attempt",
     "delivery_identity",
     "destination_limiter",

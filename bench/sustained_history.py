@@ -51,10 +51,10 @@ FROM n CROSS JOIN LATERAL (
 """,
     NUMBERED
     + """
-INSERT INTO dispatch_outbox (
-    message_id, delivery_id, dispatch_no, destination_id, run_id, body, created_at, published_at)
-SELECT d.current_message_id, d.delivery_id, 1, d.destination_id, 'history', d.body,
-       d.created_at, d.created_at
+INSERT INTO dispatch_outbox_v2 (
+    message_id, delivery_id, dispatch_no, destination_id, run_id, created_at, published_at)
+SELECT d.current_message_id, d.delivery_id, 1, d.destination_id, 'history', d.created_at,
+       d.created_at
 FROM n JOIN webhook_delivery AS d ON d.delivery_id = 'history-' || g
 """,
     NUMBERED
@@ -73,7 +73,7 @@ SELECT d.delivery_id, d.destination_id, d.created_at
 FROM n JOIN webhook_delivery AS d ON d.delivery_id = 'history-' || g
 """,
 )
-TABLES = ("webhook_delivery", "dispatch_outbox", "delivery_attempt", "delivery_identity")
+TABLES = ("webhook_delivery", "dispatch_outbox_v2", "delivery_attempt", "delivery_identity")
 
 
 def preload(url: str, count: int, destination_ids: list[str], span_seconds: float) -> float:

@@ -7,7 +7,7 @@ import psycopg
 
 from media_hooks.store.sqlfiles import query
 
-HISTORY_TABLES = ("webhook_delivery", "dispatch_outbox", "delivery_attempt", "delivery_identity")
+HISTORY_TABLES = ("webhook_delivery", "dispatch_outbox_v2", "delivery_attempt", "delivery_identity")
 
 
 def analyzed(conn: psycopg.Connection, name: str, params: dict | None = None) -> dict:

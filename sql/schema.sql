@@ -97,7 +97,7 @@ CREATE TABLE destination_subscription (
     CONSTRAINT subscription_pattern_form CHECK ((((length(pattern) >= 1) AND (length(pattern) <= 256)) AND (pattern !~ '[[:space:][:cntrl:]]'::text) AND ((strpos(pattern, '*'::text) = 0) OR (pattern ~ '^[^*]+\.\*$'::text))))
 );
 
-CREATE TABLE dispatch_outbox (
+CREATE TABLE dispatch_outbox_v1 (
     message_id text NOT NULL,
     delivery_id text NOT NULL,
     dispatch_no integer NOT NULL,
@@ -110,6 +110,20 @@ CREATE TABLE dispatch_outbox (
     CONSTRAINT dispatch_outbox_dispatch_no_check CHECK ((dispatch_no >= 1)),
     CONSTRAINT dispatch_outbox_pkey PRIMARY KEY (message_id),
     CONSTRAINT one_row_per_dispatch UNIQUE (delivery_id, dispatch_no)
+) WITH (fillfactor=50);
+
+CREATE TABLE dispatch_outbox_v2 (
+    message_id text NOT NULL,
+    delivery_id text NOT NULL,
+    dispatch_no integer NOT NULL,
+    destination_id text NOT NULL,
+    run_id text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    published_at timestamp with time zone,
+    CONSTRAINT dispatch_outbox_v2_delivery_id_fkey FOREIGN KEY (delivery_id) REFERENCES webhook_delivery(delivery_id),
+    CONSTRAINT dispatch_outbox_v2_dispatch_no_check CHECK ((dispatch_no >= 1)),
+    CONSTRAINT dispatch_outbox_v2_one_row_per_dispatch UNIQUE (delivery_id, dispatch_no),
+    CONSTRAINT dispatch_outbox_v2_pkey PRIMARY KEY (message_id)
 ) WITH (fillfactor=50);
 
 CREATE TABLE schema_migrations (
@@ -217,6 +231,29 @@ CREATE VIEW delivery_tombstone AS
    FROM delivery_identity
   WHERE final_state IS NOT NULL;
 
+CREATE VIEW dispatch_outbox AS
+ SELECT dispatch_outbox_v1.message_id,
+    dispatch_outbox_v1.delivery_id,
+    dispatch_outbox_v1.dispatch_no,
+    dispatch_outbox_v1.destination_id,
+    dispatch_outbox_v1.run_id,
+    dispatch_outbox_v1.body,
+    dispatch_outbox_v1.created_at,
+    dispatch_outbox_v1.published_at
+   FROM dispatch_outbox_v1
+UNION ALL
+ SELECT o.message_id,
+    o.delivery_id,
+    o.dispatch_no,
+    o.destination_id,
+    o.run_id,
+    ( SELECT d.body
+           FROM webhook_delivery d
+          WHERE d.delivery_id = o.delivery_id) AS body,
+    o.created_at,
+    o.published_at
+   FROM dispatch_outbox_v2 o;
+
 -- Indexes ----------------------------------------------------------------------------------------
 
 CREATE INDEX dagster_step_output_created ON public.dagster_step_output USING btree (created_at);
@@ -249,11 +286,17 @@ CREATE UNIQUE INDEX destination_limiter_pkey ON public.destination_limiter USING
 
 CREATE UNIQUE INDEX destination_subscription_pkey ON public.destination_subscription USING btree (destination_id, pattern);
 
-CREATE INDEX dispatch_outbox_by_run ON public.dispatch_outbox USING btree (run_id);
+CREATE INDEX dispatch_outbox_by_run ON public.dispatch_outbox_v1 USING btree (run_id);
 
-CREATE UNIQUE INDEX dispatch_outbox_pkey ON public.dispatch_outbox USING btree (message_id);
+CREATE UNIQUE INDEX dispatch_outbox_pkey ON public.dispatch_outbox_v1 USING btree (message_id);
 
-CREATE UNIQUE INDEX one_row_per_dispatch ON public.dispatch_outbox USING btree (delivery_id, dispatch_no);
+CREATE INDEX dispatch_outbox_v2_by_run ON public.dispatch_outbox_v2 USING btree (run_id);
+
+CREATE UNIQUE INDEX dispatch_outbox_v2_one_row_per_dispatch ON public.dispatch_outbox_v2 USING btree (delivery_id, dispatch_no);
+
+CREATE UNIQUE INDEX dispatch_outbox_v2_pkey ON public.dispatch_outbox_v2 USING btree (message_id);
+
+CREATE UNIQUE INDEX one_row_per_dispatch ON public.dispatch_outbox_v1 USING btree (delivery_id, dispatch_no);
 
 CREATE UNIQUE INDEX schema_migrations_pkey ON public.schema_migrations USING btree (version);
 
@@ -284,6 +327,12 @@ CREATE INDEX webhook_event_created ON public.webhook_event USING btree (created_
 CREATE UNIQUE INDEX webhook_event_pkey ON public.webhook_event USING btree (event_id);
 
 -- Triggers ---------------------------------------------------------------------------------------
+
+CREATE TRIGGER dispatch_outbox_delete INSTEAD OF DELETE ON public.dispatch_outbox FOR EACH ROW EXECUTE FUNCTION media_hooks_outbox_delete_v1();
+
+CREATE TRIGGER dispatch_outbox_insert INSTEAD OF INSERT ON public.dispatch_outbox FOR EACH ROW EXECUTE FUNCTION media_hooks_outbox_insert_v1();
+
+CREATE TRIGGER dispatch_outbox_update INSTEAD OF UPDATE ON public.dispatch_outbox FOR EACH ROW EXECUTE FUNCTION media_hooks_outbox_update_v1();
 
 CREATE TRIGGER webhook_delivery_immutable BEFORE UPDATE OF delivery_id, destination_id, asset_id, event_type, payload, body, created_at ON public.webhook_delivery FOR EACH ROW EXECUTE FUNCTION media_hooks_delivery_is_immutable();
 
@@ -891,6 +940,70 @@ BEGIN
      WHERE l.destination_id = p_destination_id FOR UPDATE;
     RETURN lim;
 END;
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_outbox_delete_v1()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    DELETE FROM dispatch_outbox_v2 AS o WHERE o.message_id = OLD.message_id;
+    IF NOT FOUND THEN
+        DELETE FROM dispatch_outbox_v1 AS o WHERE o.message_id = OLD.message_id;
+    END IF;
+    RETURN OLD;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_outbox_insert_v1()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    delivery_body bytea;
+BEGIN
+    SELECT d.body INTO delivery_body
+    FROM webhook_delivery AS d
+    WHERE d.delivery_id = NEW.delivery_id;
+    -- A missing delivery is left to the foreign key's own error.
+    IF FOUND AND NEW.body IS DISTINCT FROM delivery_body THEN
+        RAISE EXCEPTION 'dispatch % has a body that is not its delivery''s', NEW.message_id
+            USING ERRCODE = 'check_violation',
+                  HINT = 'dispatch_outbox shows each dispatch with its delivery''s body';
+    END IF;
+    INSERT INTO dispatch_outbox_v2
+        (message_id, delivery_id, dispatch_no, destination_id, run_id, created_at, published_at)
+    VALUES (NEW.message_id, NEW.delivery_id, NEW.dispatch_no, NEW.destination_id, NEW.run_id,
+            coalesce(NEW.created_at, now()), NEW.published_at)
+    RETURNING created_at INTO NEW.created_at;
+    RETURN NEW;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.media_hooks_outbox_update_v1()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF (NEW.message_id, NEW.delivery_id, NEW.dispatch_no, NEW.destination_id, NEW.run_id,
+        NEW.body, NEW.created_at)
+       IS DISTINCT FROM
+       (OLD.message_id, OLD.delivery_id, OLD.dispatch_no, OLD.destination_id, OLD.run_id,
+        OLD.body, OLD.created_at) THEN
+        RAISE EXCEPTION 'dispatch %: only published_at changes in dispatch_outbox',
+            OLD.message_id
+            USING ERRCODE = 'check_violation';
+    END IF;
+    UPDATE dispatch_outbox_v2 AS o
+    SET published_at = coalesce(o.published_at, NEW.published_at)
+    WHERE o.message_id = OLD.message_id;
+    IF NOT FOUND THEN
+        UPDATE dispatch_outbox_v1 AS o
+        SET published_at = coalesce(o.published_at, NEW.published_at)
+        WHERE o.message_id = OLD.message_id;
+    END IF;
+    RETURN NEW;
+END
 $function$;
 
 CREATE OR REPLACE FUNCTION public.media_hooks_parking_v2(p_held boolean, p_due timestamp with time zone)

@@ -123,8 +123,8 @@ def test_reset_removes_only_the_demos_own_data(conn):
     add_deliveries(conn, "demo-cdn", 3)
     kept = add_deliveries(conn, "kept", 2)
     conn.execute(
-        "INSERT INTO dispatch_outbox (message_id, delivery_id, dispatch_no, destination_id, "
-        "run_id, body) SELECT delivery_id || ':1', delivery_id, 1, destination_id, 'r', body "
+        "INSERT INTO dispatch_outbox_v2 (message_id, delivery_id, dispatch_no, destination_id, "
+        "run_id) SELECT delivery_id || ':1', delivery_id, 1, destination_id, 'r' "
         "FROM webhook_delivery"
     )
     removed = demo.reset(conn)

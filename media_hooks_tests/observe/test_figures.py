@@ -45,8 +45,8 @@ def _prepare(conn) -> None:
     add_deliveries(conn, "live", 1, state="leased", prefix="held")
     enqueued = add_deliveries(conn, "live", 1, state="enqueued")
     conn.execute(
-        "INSERT INTO dispatch_outbox (message_id, delivery_id, dispatch_no, destination_id, "
-        "run_id, body, created_at) VALUES (%s || ':1', %s, 1, 'live', 'run-1', 'x', "
+        "INSERT INTO dispatch_outbox_v2 (message_id, delivery_id, dispatch_no, destination_id, "
+        "run_id, created_at) VALUES (%s || ':1', %s, 1, 'live', 'run-1', "
         "now() - interval '30 seconds')",
         (enqueued[0], enqueued[0]),
     )
@@ -59,8 +59,8 @@ def _prepare(conn) -> None:
     done = add_deliveries(conn, "live", 5, state="succeeded")
     # A dispatch of a run that died, never published: its delivery succeeded through a later one.
     conn.execute(
-        "INSERT INTO dispatch_outbox (message_id, delivery_id, dispatch_no, destination_id, "
-        "run_id, body, created_at) VALUES (%s || ':1', %s, 1, 'live', 'run-0', 'x', "
+        "INSERT INTO dispatch_outbox_v2 (message_id, delivery_id, dispatch_no, destination_id, "
+        "run_id, created_at) VALUES (%s || ':1', %s, 1, 'live', 'run-0', "
         "now() - interval '1 hour')",
         (done[1], done[1]),
     )
@@ -118,7 +118,7 @@ def test_relay_lag_counts_only_messages_still_waited_for(conn):
     ids = add_deliveries(conn, "live", 3)
     claim_all(conn, "killed", Cohort())
     conn.execute(
-        "UPDATE dispatch_outbox SET created_at = now() - interval '40 minutes' "
+        "UPDATE dispatch_outbox_v2 SET created_at = now() - interval '40 minutes' "
         "WHERE run_id = 'killed'"
     )
     assert figures.measure(conn).relay_lag_seconds == pytest.approx(2400, abs=5)
@@ -196,14 +196,14 @@ def test_each_figure_is_an_index_scan(conn, name):
         (ids,),
     )
     conn.execute(
-        "INSERT INTO dispatch_outbox (message_id, delivery_id, dispatch_no, destination_id, "
-        "run_id, body, published_at) SELECT delivery_id || ':1', delivery_id, 1, 'live', 'r', "
-        "'x', now() FROM webhook_delivery WHERE state = 'succeeded'"
+        "INSERT INTO dispatch_outbox_v2 (message_id, delivery_id, dispatch_no, destination_id, "
+        "run_id, published_at) SELECT delivery_id || ':1', delivery_id, 1, 'live', 'r', "
+        "now() FROM webhook_delivery WHERE state = 'succeeded'"
     )
     # Dispatches of killed runs, never published, whose deliveries went out later.
     conn.execute(
-        "INSERT INTO dispatch_outbox (message_id, delivery_id, dispatch_no, destination_id, "
-        "run_id, body) SELECT delivery_id || ':0', delivery_id, 2, 'live', 'killed', 'x' "
+        "INSERT INTO dispatch_outbox_v2 (message_id, delivery_id, dispatch_no, destination_id, "
+        "run_id) SELECT delivery_id || ':0', delivery_id, 2, 'live', 'killed' "
         "FROM webhook_delivery WHERE state = 'succeeded'"
     )
     conn.execute("VACUUM ANALYZE")
@@ -211,7 +211,7 @@ def test_each_figure_is_an_index_scan(conn, name):
         row["QUERY PLAN"]
         for row in conn.execute("EXPLAIN " + query(name), {"now": None}).fetchall()
     )
-    for table in ("webhook_delivery", "dispatch_outbox", "delivery_attempt"):
+    for table in ("webhook_delivery", "dispatch_outbox_v2", "delivery_attempt"):
         assert f"Seq Scan on {table}" not in plan, plan
     assert "Index" in plan, plan
 

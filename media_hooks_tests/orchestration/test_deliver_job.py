@@ -269,7 +269,7 @@ def test_an_infrastructure_fault_in_a_delivery_step_is_retried_by_dagster(
             IF nextval('claims_seen') = 1 THEN RAISE EXCEPTION 'a passing fault'; END IF;
             RETURN NEW;
         END $$;
-        CREATE TRIGGER refuse_the_first_claim BEFORE INSERT ON dispatch_outbox
+        CREATE TRIGGER refuse_the_first_claim BEFORE INSERT ON dispatch_outbox_v2
             FOR EACH ROW EXECUTE FUNCTION refuse_the_first_claim();
         """
     )

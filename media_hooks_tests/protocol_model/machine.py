@@ -62,7 +62,7 @@ ANSWERS: dict[str, tuple[str, int | None, float | None, bool]] = {
 # Most answers are successes, as on a healthy publisher; every other answer stays as likely.
 ANSWER_CHOICES = ("2xx", "2xx", "2xx", *sorted(ANSWERS))
 TABLES = (
-    "webhook_delivery, delivery_identity, delivery_attempt, dispatch_outbox, "
+    "webhook_delivery, delivery_identity, delivery_attempt, dispatch_outbox_v2, "
     "delivery_tombstone_0003, destination_limiter, destination_subscription, "
     "webhook_destination, webhook_event, delivery_requeue, delivery_requeue_item"
 )

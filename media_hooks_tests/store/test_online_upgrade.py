@@ -1,11 +1,20 @@
 """A migration applied while the release before it delivers: the release keeps delivering
 through it, nothing is lost or sent twice, and the rows written after it are written as the
-migration intends. (docs/upgrading.md: schema first, then workers.)"""
+migration intends. (docs/upgrading.md: schema first, then workers.)
+
+The run started before a migration is this release's engine with the previous release's
+statements where they differ: the ones that write the outbox by its former table's name
+(fixtures/outbox_writes.03cabe3.sql, which this release's replaced with migration 0027)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from functools import partial
+from pathlib import Path
 from typing import NamedTuple
+from unittest import mock
 
 import psycopg
 import pytest
@@ -14,12 +23,23 @@ from psycopg.rows import dict_row
 from media_hooks.devtools.receiver import Receiver, Reply
 from media_hooks.engine.delivery_run import deliver_due
 from media_hooks.observe import checks
+from media_hooks.outbox.maintenance import retention
 from media_hooks.store import db, migrations, sqlfiles
 from media_hooks.store.sqlfiles import query
 from media_hooks_tests.factories import add_deliveries, add_destination
 from media_hooks_tests.interleaving import in_background, wait_for
 
 COUNT = 600
+PREVIOUS_OUTBOX_WRITES = sqlfiles.parse_queries(
+    (Path(__file__).parent / "fixtures" / "outbox_writes.03cabe3.sql").read_text()
+)
+
+
+@contextmanager
+def previous_release() -> Iterator[None]:
+    """Statements run by name are the previous release's where it wrote the outbox otherwise."""
+    with mock.patch.dict(sqlfiles.queries(), PREVIOUS_OUTBOX_WRITES):
+        yield
 
 
 class InPlace(NamedTuple):
@@ -74,7 +94,7 @@ def _migrate_mid_run(conn: psycopg.Connection, url: str, settings, name: str) ->
         with db.open_pool(url, max_size=8) as pool:
             # Small pages: most of the run's claims come after the migration.
             deliver = partial(deliver_due, pool, "run-upgrade", settings, page_size=25)
-            with in_background(deliver) as run:
+            with previous_release(), in_background(deliver) as run:
                 wait_for(lambda: len(receiver.requests) >= COUNT // 8, "a run under way", 60)
                 applied = migrations.migrate(conn, up_to=version).applied
                 during = len(receiver.requests)
@@ -118,6 +138,22 @@ def test_an_update_goes_in_place_while_the_previous_release_delivers(
         assert change.dropped_index not in _indexes(conn)
 
 
+def _through_index(conn: psycopg.Connection, index: str, statement: str) -> list[dict]:
+    """The rows of ``statement`` read through ``index`` alone, which must be valid: an index
+    built concurrently while the run wrote must hold every row the run wrote."""
+    valid = conn.execute(
+        "SELECT indisvalid AS v FROM pg_index WHERE indexrelid = %s::regclass", (index,)
+    ).fetchone()
+    assert valid["v"], index
+    with conn.transaction(force_rollback=True):
+        conn.execute("SET LOCAL enable_seqscan = off")
+        conn.execute("SET LOCAL enable_bitmapscan = off")
+        plan = "\n".join(r["QUERY PLAN"] for r in conn.execute("EXPLAIN " + statement))
+        rows = conn.execute(statement).fetchall()
+    assert index in plan, plan
+    return rows
+
+
 def test_the_counts_index_is_swapped_while_the_previous_release_delivers(
     empty_database_url, settings
 ):
@@ -130,19 +166,9 @@ def test_the_counts_index_is_swapped_while_the_previous_release_delivers(
         indexes = _indexes(conn)
         assert "webhook_delivery_destination_state" not in indexes
         assert "webhook_delivery_succeeded_by_destination" in indexes
-        valid = conn.execute(
-            "SELECT indisvalid AS v FROM pg_index"
-            " WHERE indexrelid = 'webhook_delivery_succeeded_by_destination'::regclass"
-        ).fetchone()
-        assert valid["v"]
-        with conn.transaction(force_rollback=True):
-            # Through the new index alone: it holds every delivery the run moved.
-            conn.execute("SET LOCAL enable_seqscan = off")
-            conn.execute("SET LOCAL enable_bitmapscan = off")
-            statement = query("figures_succeeded_counts")
-            plan = "\n".join(r["QUERY PLAN"] for r in conn.execute("EXPLAIN " + statement))
-            counted = conn.execute(statement).fetchall()
-        assert "webhook_delivery_succeeded_by_destination" in plan, plan
+        counted = _through_index(
+            conn, "webhook_delivery_succeeded_by_destination", query("figures_succeeded_counts")
+        )
         assert counted == [{"key": "cdn", "state": "succeeded", "n": COUNT}]
 
 
@@ -157,17 +183,86 @@ def test_the_run_index_is_narrowed_while_the_previous_release_delivers(
         assert _migrate_mid_run(conn, empty_database_url, settings, name).applied == [name]
         indexes = _indexes(conn)
         assert {"dispatch_outbox_run", "delivery_attempt_run"}.isdisjoint(indexes)
-        valid = conn.execute(
-            "SELECT indisvalid AS v FROM pg_index"
-            " WHERE indexrelid = 'dispatch_outbox_by_run'::regclass"
-        ).fetchone()
-        assert valid["v"]
-        with conn.transaction(force_rollback=True):
-            conn.execute("SET LOCAL enable_seqscan = off")
-            conn.execute("SET LOCAL enable_bitmapscan = off")
-            statement = "SELECT count(*) AS n FROM dispatch_outbox WHERE run_id = 'run-upgrade'"
-            plan = "\n".join(r["QUERY PLAN"] for r in conn.execute("EXPLAIN " + statement))
-            (counted,) = conn.execute(statement).fetchone().values()
-        assert "dispatch_outbox_by_run" in plan, plan
+        statement = "SELECT count(*) AS n FROM dispatch_outbox WHERE run_id = 'run-upgrade'"
+        (row,) = _through_index(conn, "dispatch_outbox_by_run", statement)
+        counted = row["n"]
         assert counted == conn.execute("SELECT count(*) AS n FROM dispatch_outbox").fetchone()["n"]
         assert counted >= COUNT
+
+
+def _count(conn: psycopg.Connection, relation: str, where: str = "true") -> int:
+    return conn.execute(f"SELECT count(*) AS n FROM {relation} WHERE {where}").fetchone()["n"]
+
+
+def test_the_outbox_stops_copying_bodies_while_the_previous_release_delivers(
+    empty_database_url, settings
+):
+    """0027 applied mid-run. The previous release, which inserts each dispatch with its body
+    into dispatch_outbox by name, publishes and purges it so, delivers every delivery once
+    through the swap: its dispatches made before it stay in the former table
+    (dispatch_outbox_v1), those after it reach dispatch_outbox_v2 through the view's trigger,
+    without a body; the view shows each with its delivery's body, published. This release then
+    delivers more, writing dispatch_outbox_v2 itself, and the receiver gets the bodies the view
+    shows. The previous release's purge and this release's then empty both tables."""
+    name = "0027_outbox_body_read_from_its_delivery.sql"
+    with psycopg.connect(empty_database_url, autocommit=True, row_factory=dict_row) as conn:
+        assert _migrate_mid_run(conn, empty_database_url, settings, name).applied == [name]
+        before, after = _count(conn, "dispatch_outbox_v1"), _count(conn, "dispatch_outbox_v2")
+        assert before > 0 and after > 0 and before + after == COUNT
+        columns = conn.execute(
+            "SELECT column_name FROM information_schema.columns"
+            " WHERE table_name = 'dispatch_outbox_v2'"
+        ).fetchall()
+        assert "body" not in {r["column_name"] for r in columns}
+        not_its_body = "o.body IS DISTINCT FROM d.body"
+        joined = "dispatch_outbox o JOIN webhook_delivery d USING (delivery_id)"
+        assert _count(conn, joined, not_its_body) == 0
+        assert _count(conn, "dispatch_outbox", "published_at IS NULL") == 0
+
+        add_deliveries(conn, "cdn", 50, prefix="later")
+        with Receiver() as receiver, db.open_pool(empty_database_url, max_size=4) as pool:
+            conn.execute("UPDATE webhook_destination SET url = %s", (receiver.url,))
+            result = deliver_due(pool, "run-after", settings)
+            sent = {r.webhook_id: r.body for r in receiver.requests}
+        assert result.totals.succeeded == 50
+        assert _count(conn, "dispatch_outbox_v2") == after + 50
+        shown = conn.execute(
+            "SELECT delivery_id, body FROM dispatch_outbox WHERE run_id = 'run-after'"
+        ).fetchall()
+        assert {r["delivery_id"]: bytes(r["body"]) for r in shown} == sent
+        assert _count(conn, "dispatch_outbox", "published_at IS NULL") == 0
+
+        later = datetime.now(UTC) + timedelta(hours=1)
+        with previous_release():
+            batch = conn.execute(
+                query("purge_terminal_batch"), {"cutoff": later, "batch_size": 300}
+            ).fetchone()
+        assert (batch["deliveries"], batch["outbox_rows"]) == (300, 300)
+        rest = retention.purge_terminal(conn, later, batch_size=1000, max_batches=10)
+        assert (rest.deliveries, rest.outbox_rows) == (COUNT + 50 - 300, COUNT + 50 - 300)
+        for table in ("dispatch_outbox_v1", "dispatch_outbox_v2", "webhook_delivery"):
+            assert _count(conn, table) == 0, table
+        assert checks.run(conn).holds
+
+
+def test_a_dispatch_whose_body_is_not_its_deliverys_is_refused(conn):
+    """What the previous release inserts into dispatch_outbox is kept without its body, which
+    must then be its delivery's: another body is refused, and nothing is written."""
+    add_destination(conn, "cdn", "http://127.0.0.1:9/")
+    (delivery_id,) = add_deliveries(conn, "cdn", 1)
+    insert = (
+        "INSERT INTO dispatch_outbox (message_id, delivery_id, dispatch_no, destination_id,"
+        " run_id, body) SELECT delivery_id || ':1', delivery_id, 1, destination_id, 'r', {}"
+        " FROM webhook_delivery"
+    )
+    with pytest.raises(psycopg.errors.CheckViolation, match="not its delivery's"):
+        conn.execute(insert.format("'another body'::bytea"))
+    assert _count(conn, "dispatch_outbox") == 0
+    conn.execute(insert.format("body"))
+    (row,) = conn.execute(
+        "SELECT o.message_id, o.body = d.body AS same FROM dispatch_outbox o"
+        " JOIN webhook_delivery d USING (delivery_id)"
+    ).fetchall()
+    assert row == {"message_id": f"{delivery_id}:1", "same": True}
+    with pytest.raises(psycopg.errors.CheckViolation, match="only published_at changes"):
+        conn.execute("UPDATE dispatch_outbox SET body = 'another body'")

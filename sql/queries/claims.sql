@@ -85,9 +85,11 @@ enqueued AS (
         updated_at = now()
     -- = ANY(ARRAY(...)) keeps this a primary-key index scan (a join on the CTE may not).
     WHERE d.delivery_id = ANY (ARRAY(SELECT delivery_id FROM due))
-    RETURNING d.delivery_id, d.destination_id, d.dispatch_count, d.current_message_id, d.body
+    RETURNING d.delivery_id, d.destination_id, d.dispatch_count, d.current_message_id
 )
-INSERT INTO dispatch_outbox (message_id, delivery_id, dispatch_no, destination_id, run_id, body)
-SELECT current_message_id, delivery_id, dispatch_count, destination_id, %(run_id)s, body
+-- The outbox's table of this release (migration 0027): the dispatch without a copy of its
+-- body, which dispatch_outbox shows from the delivery (invariant 2).
+INSERT INTO dispatch_outbox_v2 (message_id, delivery_id, dispatch_no, destination_id, run_id)
+SELECT current_message_id, delivery_id, dispatch_count, destination_id, %(run_id)s
 FROM enqueued
 RETURNING message_id, delivery_id;

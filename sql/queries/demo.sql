@@ -17,7 +17,11 @@ attempts AS (
     WHERE a.delivery_id IN (SELECT delivery_id FROM doomed)
 ),
 outbox AS (
-    DELETE FROM dispatch_outbox AS o
+    DELETE FROM dispatch_outbox_v2 AS o
+    WHERE o.delivery_id IN (SELECT delivery_id FROM doomed)
+),
+outbox_v1 AS (
+    DELETE FROM dispatch_outbox_v1 AS o
     WHERE o.delivery_id IN (SELECT delivery_id FROM doomed)
 ),
 requeue_items AS (

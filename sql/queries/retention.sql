@@ -32,8 +32,15 @@ attempts AS (
     WHERE a.delivery_id = v.delivery_id
     RETURNING 1
 ),
+-- The outbox's two tables (migration 0027), each by its (delivery_id, dispatch_no) key:
+-- dispatch_outbox_v1 holds the dispatches written before it, until their deliveries expire.
 outbox AS (
-    DELETE FROM dispatch_outbox o USING victims v
+    DELETE FROM dispatch_outbox_v2 o USING victims v
+    WHERE o.delivery_id = v.delivery_id
+    RETURNING 1
+),
+outbox_v1 AS (
+    DELETE FROM dispatch_outbox_v1 o USING victims v
     WHERE o.delivery_id = v.delivery_id
     RETURNING 1
 ),
@@ -43,7 +50,7 @@ deliveries AS (
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM deliveries) AS deliveries,
-       (SELECT count(*) FROM outbox) AS outbox_rows,
+       (SELECT count(*) FROM outbox) + (SELECT count(*) FROM outbox_v1) AS outbox_rows,
        (SELECT count(*) FROM attempts) AS attempts,
        (SELECT count(*) FROM tombstones) AS tombstones;
 

@@ -17,8 +17,8 @@ DAY = 86400
 def _with_history(conn, ids: list[str]) -> None:
     """One outbox row and one attempt per delivery, as a delivery run leaves them."""
     conn.execute(
-        "INSERT INTO dispatch_outbox (message_id, delivery_id, dispatch_no, destination_id, "
-        "run_id, body, published_at) SELECT d || ':1', d, 1, 'live', 'run-old', 'x', now() "
+        "INSERT INTO dispatch_outbox_v2 (message_id, delivery_id, dispatch_no, destination_id, "
+        "run_id, published_at) SELECT d || ':1', d, 1, 'live', 'run-old', now() "
         "FROM unnest(%s::text[]) AS d",
         (ids,),
     )

@@ -8,6 +8,7 @@ statements where they differ: the ones that write the outbox by its former table
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -266,3 +267,35 @@ def test_a_dispatch_whose_body_is_not_its_deliverys_is_refused(conn):
     assert row == {"message_id": f"{delivery_id}:1", "same": True}
     with pytest.raises(psycopg.errors.CheckViolation, match="only published_at changes"):
         conn.execute("UPDATE dispatch_outbox SET body = 'another body'")
+
+
+def test_a_role_that_could_write_the_outbox_still_can_after_0027(empty_database_url):
+    """The previous release connecting as an application role (docs/deployment/kubernetes.md)
+    keeps inserting, publishing and purging its dispatches through the view before anyone
+    grants it anything new: 0027 gives the view and the new table the former table's grants."""
+    role = f"mh_app_{uuid.uuid4().hex[:12]}"
+    version = next(m.version for m in sqlfiles.load_migrations() if m.name.startswith("0027_"))
+    with psycopg.connect(empty_database_url, autocommit=True, row_factory=dict_row) as conn:
+        migrations.migrate(conn, up_to=version - 1)
+        add_destination(conn, "cdn", "http://127.0.0.1:9/")
+        (delivery_id,) = add_deliveries(conn, "cdn", 1)
+        conn.execute(f"CREATE ROLE {role}")
+        try:
+            conn.execute(
+                f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}"
+            )
+            migrations.migrate(conn, up_to=version)
+            with conn.transaction(force_rollback=True):
+                conn.execute(f"SET LOCAL ROLE {role}")
+                conn.execute(
+                    "INSERT INTO dispatch_outbox (message_id, delivery_id, dispatch_no,"
+                    " destination_id, run_id, body) SELECT delivery_id || ':1', delivery_id, 1,"
+                    " destination_id, 'r', body FROM webhook_delivery"
+                )
+                conn.execute("UPDATE dispatch_outbox SET published_at = now()")
+                assert _count(conn, "dispatch_outbox_v2", "published_at IS NOT NULL") == 1
+                conn.execute("DELETE FROM dispatch_outbox WHERE delivery_id = %s", (delivery_id,))
+                assert _count(conn, "dispatch_outbox") == 0
+        finally:
+            conn.execute(f"DROP OWNED BY {role}")
+            conn.execute(f"DROP ROLE {role}")

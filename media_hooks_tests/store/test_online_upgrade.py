@@ -269,33 +269,44 @@ def test_a_dispatch_whose_body_is_not_its_deliverys_is_refused(conn):
         conn.execute("UPDATE dispatch_outbox SET body = 'another body'")
 
 
-def test_a_role_that_could_write_the_outbox_still_can_after_0027(empty_database_url):
-    """The previous release connecting as an application role (docs/deployment/kubernetes.md)
-    keeps inserting, publishing and purging its dispatches through the view before anyone
-    grants it anything new: 0027 gives the view and the new table the former table's grants."""
-    role = f"mh_app_{uuid.uuid4().hex[:12]}"
+def test_the_roles_that_could_write_the_outbox_still_can_after_0027(empty_database_url):
+    """The previous release connecting as an application role (docs/deployment/kubernetes.md),
+    or as the role that owns the tables while a superuser migrates, keeps inserting,
+    publishing and purging its dispatches through the view before anyone grants it anything
+    new: 0027 gives the view and the new table the former table's owner and grants."""
+    suffix = uuid.uuid4().hex[:12]
+    owner, app = f"mh_owner_{suffix}", f"mh_app_{suffix}"
     version = next(m.version for m in sqlfiles.load_migrations() if m.name.startswith("0027_"))
     with psycopg.connect(empty_database_url, autocommit=True, row_factory=dict_row) as conn:
         migrations.migrate(conn, up_to=version - 1)
         add_destination(conn, "cdn", "http://127.0.0.1:9/")
         (delivery_id,) = add_deliveries(conn, "cdn", 1)
-        conn.execute(f"CREATE ROLE {role}")
+        conn.execute(f"CREATE ROLE {owner}")
+        conn.execute(f"CREATE ROLE {app}")
         try:
+            conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {owner}")
+            conn.execute(f"ALTER TABLE dispatch_outbox OWNER TO {owner}")
             conn.execute(
-                f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}"
+                f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {app}"
             )
             migrations.migrate(conn, up_to=version)
-            with conn.transaction(force_rollback=True):
-                conn.execute(f"SET LOCAL ROLE {role}")
-                conn.execute(
-                    "INSERT INTO dispatch_outbox (message_id, delivery_id, dispatch_no,"
-                    " destination_id, run_id, body) SELECT delivery_id || ':1', delivery_id, 1,"
-                    " destination_id, 'r', body FROM webhook_delivery"
-                )
-                conn.execute("UPDATE dispatch_outbox SET published_at = now()")
-                assert _count(conn, "dispatch_outbox_v2", "published_at IS NOT NULL") == 1
-                conn.execute("DELETE FROM dispatch_outbox WHERE delivery_id = %s", (delivery_id,))
-                assert _count(conn, "dispatch_outbox") == 0
+            for role in (owner, app):
+                with conn.transaction(force_rollback=True):
+                    conn.execute(f"SET LOCAL ROLE {role}")
+                    conn.execute(
+                        "INSERT INTO dispatch_outbox (message_id, delivery_id, dispatch_no,"
+                        " destination_id, run_id, body) SELECT delivery_id || ':1', delivery_id,"
+                        " 1, destination_id, 'r', body FROM webhook_delivery"
+                    )
+                    conn.execute("UPDATE dispatch_outbox SET published_at = now()")
+                    published = "published_at IS NOT NULL"
+                    assert _count(conn, "dispatch_outbox_v2", published) == 1, role
+                    conn.execute(
+                        "DELETE FROM dispatch_outbox WHERE delivery_id = %s", (delivery_id,)
+                    )
+                    assert _count(conn, "dispatch_outbox") == 0, role
         finally:
-            conn.execute(f"DROP OWNED BY {role}")
-            conn.execute(f"DROP ROLE {role}")
+            for role in (owner, app):
+                conn.execute(f"REASSIGN OWNED BY {role} TO current_user")
+                conn.execute(f"DROP OWNED BY {role}")
+                conn.execute(f"DROP ROLE {role}")

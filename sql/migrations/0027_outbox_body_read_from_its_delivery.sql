@@ -118,6 +118,7 @@ $$;
 DO $$
 DECLARE
     granted record;
+    table_owner name;
 BEGIN
     IF to_regclass('dispatch_outbox_v1') IS NULL THEN
         ALTER TABLE dispatch_outbox RENAME TO dispatch_outbox_v1;
@@ -140,7 +141,9 @@ BEGIN
             FOR EACH ROW EXECUTE FUNCTION media_hooks_outbox_update_v1();
         CREATE TRIGGER dispatch_outbox_delete INSTEAD OF DELETE ON dispatch_outbox
             FOR EACH ROW EXECUTE FUNCTION media_hooks_outbox_delete_v1();
-        -- Whoever could read or write the table can read or write the view, and the new table
+        -- The view and the new table belong to whoever owned the table (the migration may run
+        -- as a superuser on a database that another role owns and delivers as), and whoever
+        -- could read or write the table can read or write the view, and the new table
         -- its triggers write (a trigger runs with the privileges of the statement's role).
         FOR granted IN
             SELECT a.privilege_type,
@@ -152,6 +155,12 @@ BEGIN
             EXECUTE format('GRANT %s ON dispatch_outbox, dispatch_outbox_v2 TO %s',
                            granted.privilege_type, granted.grantee);
         END LOOP;
+        SELECT pg_get_userbyid(c.relowner) INTO table_owner
+        FROM pg_class AS c WHERE c.oid = 'dispatch_outbox_v1'::regclass;
+        IF table_owner <> current_user THEN
+            EXECUTE format('ALTER TABLE dispatch_outbox_v2 OWNER TO %I', table_owner);
+            EXECUTE format('ALTER VIEW dispatch_outbox OWNER TO %I', table_owner);
+        END IF;
     END IF;
 END
 $$;

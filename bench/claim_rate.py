@@ -12,9 +12,9 @@ At each page size, a destination's backlog claimed as a delivery run claims it:
 And ``sketch``: the design record's ``enqueue_due_page`` as written (a page selected FOR
 UPDATE SKIP LOCKED, then an INSERT and an UPDATE per row, page size 250), adapted only to
 name the columns our outbox's table has (since migration 0027 the body is read from the
-delivery, not stored with each dispatch, so the sketch's copy of it is left out too). And ``run_unanalyzed`` beside ``run_analyzed``: the
-claim, pages of 250, on a backlog whose statistics are those of the empty tables (its speed
-must not depend on ANALYZE having run).
+delivery, not stored with each dispatch, so the sketch's copy of it is left out too). And
+``run_unanalyzed`` beside ``run_analyzed``: the claim, pages of 250, on a backlog whose
+statistics are those of the empty tables (its speed must not depend on ANALYZE having run).
 
 Every run claims a whole backlog in a fresh clone of a seeded database.
 """

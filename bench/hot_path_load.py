@@ -299,19 +299,22 @@ def run(url: str, deliveries: int, args: argparse.Namespace) -> dict[str, Any]:
         now["images"] = None if images is None else images.mark(now["lsn"])
         return now
 
-    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-        last = mark(0)
-        while len(windows) < WINDOWS and not load.stop.wait(0.1):
-            if load.terminal < boundaries[len(windows)]:
-                continue
-            now = mark(load.terminal)
-            windows.append(window(len(windows) + 1, last, now, *load.take()))
-            last = now
+    try:
+        with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+            last = mark(0)
+            while len(windows) < WINDOWS and not load.stop.wait(0.1):
+                if load.terminal < boundaries[len(windows)]:
+                    continue
+                now = mark(load.terminal)
+                windows.append(window(len(windows) + 1, last, now, *load.take()))
+                last = now
+    finally:
+        # Also when a window fails: the load's threads and the image reader's connection end.
         load.stop.set()
         for thread in threads:
             thread.join(timeout=60)
-    if images is not None:
-        images.stop()
+        if images is not None:
+            images.stop()
     return {
         "seconds": round(time.monotonic() - started, 1),
         "complete": len(windows) == WINDOWS,

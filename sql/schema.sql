@@ -268,8 +268,6 @@ CREATE INDEX delivery_attempt_started ON public.delivery_attempt USING btree (st
 
 CREATE UNIQUE INDEX delivery_identity_pkey ON public.delivery_identity USING btree (delivery_id);
 
-CREATE INDEX delivery_identity_tombstone ON public.delivery_identity USING btree (delivery_id) WHERE (final_state IS NOT NULL);
-
 CREATE INDEX delivery_identity_tombstone_created ON public.delivery_identity USING btree (created_at) WHERE (final_state IS NOT NULL);
 
 CREATE INDEX delivery_requeue_item_delivery ON public.delivery_requeue_item USING btree (delivery_id);

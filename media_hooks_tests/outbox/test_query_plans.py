@@ -384,6 +384,52 @@ def test_the_default_check_reads_through_indexes(loaded, name):
     assert _seq_scans(plan["Plan"]) == []
 
 
+def _identity_reads(plan: dict) -> set[str]:
+    """How a plan reads delivery_identity: index names, or the node type of a scan without one."""
+    found = set()
+    if plan.get("Relation Name") == "delivery_identity" and "Scan" in plan["Node Type"]:
+        found.add(plan.get("Index Name") or plan["Node Type"])
+    for child in plan.get("Plans", []):
+        found |= _identity_reads(child)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [("tombstone_exists", {"delivery_id": "d-cdn-1"}), ("emit_staging_insert", {})],
+)
+def test_a_tombstone_is_looked_up_by_the_identity_key(loaded, name, params):
+    """Beside a duplicate window of tombstones (many more than a bulk emit stages), the bulk
+    emit and `tombstone_exists` look each id up by delivery_identity's primary key, the only
+    index on it by delivery_id since migration 0028: never a read of every identity."""
+    with loaded.transaction(force_rollback=True):
+        loaded.execute(
+            """
+            INSERT INTO delivery_identity (delivery_id, destination_id, created_at,
+                                           final_state, purged_at)
+            SELECT 'purged-' || g, 'cdn', now() - make_interval(secs => g), 'succeeded', now()
+            FROM generate_series(1, 200000) AS g
+            """
+        )
+        loaded.execute(query("emit_staging_create"))
+        loaded.execute(
+            """
+            INSERT INTO media_hooks_emit_staging_v3 (ordinal, delivery_id, destination_id,
+                asset_id, event_type, payload, body_head, body_tail)
+            SELECT g, 'purged-' || (g * 7), 'cdn', 'asset-' || g, 'rights.updated', '{}',
+                   '\\x7b', '\\x7d'
+            FROM generate_series(1, 1000) AS g
+            """
+        )
+        loaded.execute("ANALYZE delivery_identity")
+        loaded.execute("ANALYZE media_hooks_emit_staging_v3")
+        statement = f"EXPLAIN (FORMAT JSON) {query(name)}"
+        (plan,) = loaded.execute(statement.encode(), params).fetchone()["QUERY PLAN"]
+        loaded.execute(query("emit_staging_clear"))
+    print(f"\n{name}:\n{json.dumps(plan['Plan'], indent=1)[:6000]}")
+    assert _identity_reads(plan["Plan"]) == {"delivery_identity_pkey"}
+
+
 def _sorts_of_deliveries(plan: dict) -> list[str]:
     """Sort nodes above a read of webhook_delivery: a claim that sorts reads every due row of
     its destination before it returns the first."""

@@ -24,6 +24,7 @@ from psycopg.rows import dict_row
 from media_hooks.devtools.receiver import Receiver, Reply
 from media_hooks.engine.delivery_run import deliver_due
 from media_hooks.observe import checks
+from media_hooks.outbox.emit import Event, emit, emit_many
 from media_hooks.outbox.maintenance import retention
 from media_hooks.store import db, migrations, sqlfiles
 from media_hooks.store.sqlfiles import query
@@ -310,3 +311,41 @@ def test_the_roles_that_could_write_the_outbox_still_can_after_0027(empty_databa
                 conn.execute(f"REASSIGN OWNED BY {role} TO current_user")
                 conn.execute(f"DROP OWNED BY {role}")
                 conn.execute(f"DROP ROLE {role}")
+
+
+def test_tombstones_keep_refusing_repeats_while_0028_drops_their_index(empty_database_url):
+    """0028 applied while retention purges (each batch writes its deliveries' tombstones, into
+    the index 0028 drops, until it is gone): every purged id is refused afterwards, by the
+    bulk emit and by emit_one, and found by tombstone_exists, through the identity's primary
+    key; nothing is written twice and `check --all` holds."""
+    total, batch = 3000, 10
+    name = "0028_tombstones_found_by_the_identity_key.sql"
+    version = next(m.version for m in sqlfiles.load_migrations() if m.name == name)
+    later = datetime.now(UTC) + timedelta(hours=1)
+    with psycopg.connect(empty_database_url, autocommit=True, row_factory=dict_row) as conn:
+        migrations.migrate(conn, up_to=version - 1)
+        add_destination(conn, "cdn", "http://127.0.0.1:9/")
+        ids = add_deliveries(conn, "cdn", total, state="succeeded")
+        with (
+            psycopg.connect(empty_database_url, autocommit=True, row_factory=dict_row) as purger,
+            in_background(
+                lambda: retention.purge_terminal(purger, later, batch_size=batch, max_batches=total)
+            ) as purge,
+        ):
+            tombstones = partial(_count, conn, "delivery_identity", "final_state IS NOT NULL")
+            wait_for(lambda: tombstones() >= total // 8, "a purge under way", 60)
+            assert migrations.migrate(conn, up_to=version).applied == [name]
+            during = tombstones()
+        assert during < total, "the migration applied while the purge still tombstoned"
+        assert purge.result().deliveries == total
+        assert "delivery_identity_tombstone" not in _indexes(conn)
+        assert (_count(conn, "webhook_delivery"), tombstones()) == (0, total)
+
+        again = [Event("cdn", "asset-1", "transcode.completed", {}, delivery_id=i) for i in ids]
+        with conn.transaction():
+            counts = emit_many(conn, again)
+            first = emit(conn, again[0])
+        assert (counts.inserted, counts.already_present, first.inserted) == (0, total, False)
+        assert retention.is_tombstoned(conn, ids[-1])
+        assert _count(conn, "webhook_delivery") == 0
+        assert checks.run(conn, checks.Options(full=True)).holds

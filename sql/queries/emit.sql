@@ -204,14 +204,14 @@ LIMIT 1;
 -- quarter less server time than file order). Every delivery is stamped with the database clock
 -- of the producer's transaction, like emit_one, and numbered (emit_seq) in file order.
 -- invariants 1 and 8: an id already recorded is left alone (its live row conflicts), and so is
--- a purged one (its tombstone is looked up, index delivery_identity_tombstone); each delivery
--- written writes its identity row in the same statement, plainly. Every recorded id has an
--- identity row, so an interleaving that slips past the look-up (a purge committing a tombstone
--- this statement's snapshot predates, the delivery's row deleted under the insert's wait) ends
--- in a unique violation on delivery_identity_pkey, never in a second delivery:
+-- a purged one (its tombstone is looked up by delivery_identity's key, migration 0028); each
+-- delivery written writes its identity row in the same statement, plainly. Every recorded id
+-- has an identity row, so an interleaving that slips past the look-up (a purge committing a
+-- tombstone this statement's snapshot predates, the delivery's row deleted under the insert's
+-- wait) ends in a unique violation on delivery_identity_pkey, never in a second delivery:
 -- media_hooks.outbox.emit then runs the statement again, and its new snapshot sees the tombstone.
 -- (Unlike emit_one, which inserts the identity first, this keeps the bulk path's cost per row
--- close to what it was before identities: one look-up into the tombstones, one insert.)
+-- close to what it was before identities: one look-up of the identity, one insert.)
 -- invariant 2: payload and body are written once here and never updated.
 -- keeps: invariants 3 and 10: a delivery to an ordered destination is born parked when an
 --   earlier line of its asset in the file, or an earlier open delivery of its asset, holds it

@@ -87,7 +87,8 @@ DELETE FROM webhook_event e USING expired x
 WHERE e.event_id = x.event_id;
 
 -- name: tombstone_exists
--- description: whether a delivery_id was delivered and purged within the duplicate window.
+-- description: whether a delivery_id was delivered and purged within the duplicate window (by
+-- delivery_identity's key: its row, then its final state).
 SELECT EXISTS (
     SELECT 1 FROM delivery_identity
     WHERE delivery_id = %(delivery_id)s AND final_state IS NOT NULL

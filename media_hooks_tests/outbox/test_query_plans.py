@@ -176,16 +176,16 @@ def test_the_operators_queries_for_a_run_have_an_index_to_go_by(loaded):
         assert _seq_scans(plan["Plan"]) == [], statement
 
 
-def _delivery_indexes(plan: dict) -> set[str]:
-    """How each node reads webhook_delivery: index names, or 'Seq Scan'. A bitmap heap scan
-    reads by the indexes of its bitmap index scans."""
+def _delivery_indexes(plan: dict, relation: str = "webhook_delivery") -> set[str]:
+    """How each node reads ``relation``: index names, or 'Seq Scan'. A bitmap heap scan reads
+    by the indexes of its bitmap index scans."""
     found = set()
-    if plan.get("Relation Name") == "webhook_delivery" and "Scan" in plan["Node Type"]:
+    if plan.get("Relation Name") == relation and "Scan" in plan["Node Type"]:
         if plan["Node Type"] == "Bitmap Heap Scan":
             return _bitmap_indexes(plan)
         found.add(plan.get("Index Name") or plan["Node Type"])
     for child in plan.get("Plans", []):
-        found |= _delivery_indexes(child)
+        found |= _delivery_indexes(child, relation)
     return found
 
 
@@ -384,16 +384,6 @@ def test_the_default_check_reads_through_indexes(loaded, name):
     assert _seq_scans(plan["Plan"]) == []
 
 
-def _identity_reads(plan: dict) -> set[str]:
-    """How a plan reads delivery_identity: index names, or the node type of a scan without one."""
-    found = set()
-    if plan.get("Relation Name") == "delivery_identity" and "Scan" in plan["Node Type"]:
-        found.add(plan.get("Index Name") or plan["Node Type"])
-    for child in plan.get("Plans", []):
-        found |= _identity_reads(child)
-    return found
-
-
 @pytest.mark.parametrize(
     ("name", "params"),
     [("tombstone_exists", {"delivery_id": "d-cdn-1"}), ("emit_staging_insert", {})],
@@ -427,7 +417,7 @@ def test_a_tombstone_is_looked_up_by_the_identity_key(loaded, name, params):
         (plan,) = loaded.execute(statement.encode(), params).fetchone()["QUERY PLAN"]
         loaded.execute(query("emit_staging_clear"))
     print(f"\n{name}:\n{json.dumps(plan['Plan'], indent=1)[:6000]}")
-    assert _identity_reads(plan["Plan"]) == {"delivery_identity_pkey"}
+    assert _delivery_indexes(plan["Plan"], "delivery_identity") == {"delivery_identity_pkey"}
 
 
 def _sorts_of_deliveries(plan: dict) -> list[str]:

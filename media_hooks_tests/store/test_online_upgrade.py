@@ -44,6 +44,11 @@ def previous_release() -> Iterator[None]:
         yield
 
 
+def _version(name: str) -> int:
+    """The version of the migration file ``name``."""
+    return next(m.version for m in sqlfiles.load_migrations() if m.name == name)
+
+
 class InPlace(NamedTuple):
     """What a migration changes in place: a table's pages left part free, and where it drops
     the index that named the column of the table's one update, that update made heap-only."""
@@ -85,7 +90,7 @@ class MidRun(NamedTuple):
 def _migrate_mid_run(conn: psycopg.Connection, url: str, settings, name: str) -> MidRun:
     """Migrate to the migration before ``name``, start a run delivering COUNT deliveries and
     apply ``name`` while it delivers; the run delivers each once and `check` holds after."""
-    version = next(m.version for m in sqlfiles.load_migrations() if m.name == name)
+    version = _version(name)
     migrations.migrate(conn, up_to=version - 1)
     # A reply that takes a moment keeps the run going while the migration applies.
     with Receiver(reply=Reply(delay_seconds=0.05)) as receiver:
@@ -277,7 +282,7 @@ def test_the_roles_that_could_write_the_outbox_still_can_after_0027(empty_databa
     new: 0027 gives the view and the new table the former table's owner and grants."""
     suffix = uuid.uuid4().hex[:12]
     owner, app = f"mh_owner_{suffix}", f"mh_app_{suffix}"
-    version = next(m.version for m in sqlfiles.load_migrations() if m.name.startswith("0027_"))
+    version = _version("0027_outbox_body_read_from_its_delivery.sql")
     with psycopg.connect(empty_database_url, autocommit=True, row_factory=dict_row) as conn:
         migrations.migrate(conn, up_to=version - 1)
         add_destination(conn, "cdn", "http://127.0.0.1:9/")
@@ -320,7 +325,7 @@ def test_tombstones_keep_refusing_repeats_while_0028_drops_their_index(empty_dat
     key; nothing is written twice and `check --all` holds."""
     total, batch = 3000, 10
     name = "0028_tombstones_found_by_the_identity_key.sql"
-    version = next(m.version for m in sqlfiles.load_migrations() if m.name == name)
+    version = _version(name)
     later = datetime.now(UTC) + timedelta(hours=1)
     with psycopg.connect(empty_database_url, autocommit=True, row_factory=dict_row) as conn:
         migrations.migrate(conn, up_to=version - 1)

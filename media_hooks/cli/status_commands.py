@@ -87,6 +87,12 @@ def _attempts(f: figures.Figures) -> str:
     return table(["attempt outcome", "last hour", "last day"], rows)
 
 
+def _sessions(f: figures.Figures) -> str:
+    if not f.sessions:
+        return "connected: no other media_hooks session"
+    return "connected:\n" + "\n".join(f"  {r.describe()}" for r in f.sessions)
+
+
 def render(f: figures.Figures) -> str:
     return "\n\n".join(
         [
@@ -96,6 +102,7 @@ def render(f: figures.Figures) -> str:
             *_dead_heads(f),
             _flags(f),
             _attempts(f),
+            _sessions(f),
         ]
     )
 

@@ -1,7 +1,7 @@
 """The operator's figures: is anything late, waiting by policy, or lost?
 
 One ``measure`` reads everything ``status``, ``metrics`` and the Dagster lag sensor show, in a
-few statements over the partial indexes of the schema and one read of ``pg_stat_activity``
+few statements over the partial indexes of the schema and two reads of ``pg_stat_activity``
 (``sql/queries/figures.sql``). Without its history (``history=False``) it costs what the
 backlog and the dead letters hold, whatever the history retention keeps; ``measure_history``
 counts that history (the succeeded deliveries, a day of attempts), for the readers that show it
@@ -18,6 +18,7 @@ import psycopg
 
 from media_hooks.observe.inspection import format_age
 from media_hooks.outbox.cohort import Cohort
+from media_hooks.store import db, migrations
 from media_hooks.store.sqlfiles import query
 
 STATES = ("pending", "enqueued", "leased", "succeeded", "dead")
@@ -74,6 +75,29 @@ class SnapshotHolder:
 
 
 @dataclass(frozen=True)
+class ReleaseSessions:
+    """The sessions of one release connected to the database, by role. ``release`` says whose:
+    ``this`` (the measuring release's schema generation), ``earlier`` or ``later``; an earlier
+    release from before sessions named their generation has ``generation`` None."""
+
+    generation: int | None
+    release: str
+    roles: dict[str, int]
+
+    @property
+    def count(self) -> int:
+        return sum(self.roles.values())
+
+    def describe(self) -> str:
+        which = {"this": "this release", "earlier": "an earlier release"}.get(
+            self.release, "a later release"
+        )
+        named = f"g{self.generation}" if self.generation is not None else "generation unnamed"
+        roles = ", ".join(f"{role} {n}" for role, n in self.roles.items())
+        return f"{which} ({named}): {roles}"
+
+
+@dataclass(frozen=True)
 class Figures:
     measured_at: datetime
     # destination_id (or event type, counts_by) -> state -> count (only states that have rows);
@@ -97,6 +121,8 @@ class Figures:
     # The oldest snapshot vacuum must respect; None when no other session holds one.
     oldest_snapshot: SnapshotHolder | None = None
     counts_by: str = "destination"
+    # The other media_hooks sessions connected, by release (this one first).
+    sessions: tuple[ReleaseSessions, ...] = ()
     # False when the history was left out (measure(history=False)): no succeeded counts, no
     # attempts by outcome.
     history: bool = True
@@ -219,6 +245,29 @@ def _oldest_snapshot(conn: psycopg.Connection, measured_at: datetime) -> Snapsho
     return SnapshotHolder(**row, age_seconds=_seconds_since(measured_at, row["since"]) or 0.0)
 
 
+def _release(generation: int | None, ours: int) -> str:
+    if generation == ours:
+        return "this"
+    return "later" if generation is not None and generation > ours else "earlier"
+
+
+def connected_sessions(conn: psycopg.Connection) -> tuple[ReleaseSessions, ...]:
+    """The other media_hooks sessions connected to this database, by release and role: this
+    release's first, then the others by generation (unnamed first). A session whose
+    ``application_name`` the URL set is not counted: it does not say whose it is."""
+    ours = migrations.generation()
+    by_generation: dict[int | None, dict[str, int]] = {}
+    for row in conn.execute(query("figures_sessions")):
+        name = db.parse_session_name(row["application_name"])
+        if name is not None:
+            roles = by_generation.setdefault(name.generation, {})
+            roles[name.role] = roles.get(name.role, 0) + row["n"]
+    order = sorted(by_generation, key=lambda g: (g != ours, -1 if g is None else g))
+    return tuple(
+        ReleaseSessions(g, _release(g, ours), dict(sorted(by_generation[g].items()))) for g in order
+    )
+
+
 def measure(
     conn: psycopg.Connection,
     *,
@@ -259,6 +308,7 @@ def measure(
         ),
         oldest_snapshot=_oldest_snapshot(conn, at),
         counts_by=by,
+        sessions=connected_sessions(conn),
         history=history,
     )
 

@@ -99,6 +99,19 @@ def figure_metrics(measured: figures.Figures, destinations: list[dict[str, Any]]
         hour.add_metric([outcome], measured.attempts_last_hour.get(outcome, 0))
         day.add_metric([outcome], measured.attempts_last_day.get(outcome, 0))
 
+    sessions = _gauge(
+        "sessions",
+        "Other media_hooks sessions connected to the database, by role and by release: this, "
+        "earlier or later, and its schema generation (unnamed for a release from before "
+        "generations were named). During a rolling upgrade, the previous release is gone when "
+        "no earlier release's series is above 0.",
+        ("release", "generation", "role"),
+    )
+    for connected in measured.sessions:
+        generation = "unnamed" if connected.generation is None else str(connected.generation)
+        for role, n in connected.roles.items():
+            sessions.add_metric([connected.release, generation, role], n)
+
     return [
         _single(
             "oldest_due_age_seconds",
@@ -138,6 +151,7 @@ def figure_metrics(measured: figures.Figures, destinations: list[dict[str, Any]]
         paused,
         disabled,
         disabled_by,
+        sessions,
         hour,
         day,
     ]

@@ -6,8 +6,9 @@ first line (libpq does not put passwords in them).
 
 Roles. Every connection the project opens is for one role, and carries that role's bounds as
 session settings: ``statement_timeout``, ``lock_timeout`` and
-``idle_in_transaction_session_timeout`` (and ``application_name`` ``media_hooks:<role>``, so an
-operator sees who is who in ``pg_stat_activity``). One stuck session (an operator's open psql
+``idle_in_transaction_session_timeout`` (and ``application_name`` ``media_hooks:<role>:g<N>``, so
+an operator sees who is who in ``pg_stat_activity``: ``N`` is the release's schema generation,
+the version of its newest migration, which tells the releases of a rolling upgrade apart). One stuck session (an operator's open psql
 transaction, a hung client) then delays a statement of ours by at most the lock timeout, never
 indefinitely. The bounds come from ``MEDIA_HOOKS_LOCK_TIMEOUT_SECONDS`` (every role) and
 ``MEDIA_HOOKS_STATEMENT_TIMEOUT_SECONDS`` scaled per role (``bounds``). A connection opened with
@@ -95,8 +96,39 @@ def _session_settings(role: Role, settings: Settings) -> dict[str, str]:
         "statement_timeout": _milliseconds(limits.statement_seconds),
         "lock_timeout": _milliseconds(limits.lock_seconds),
         "idle_in_transaction_session_timeout": _milliseconds(limits.idle_in_transaction_seconds),
-        "application_name": f"media_hooks:{role.value}",
+        "application_name": session_name(role),
     }
+
+
+APPLICATION_PREFIX = "media_hooks:"
+
+
+def session_name(role: Role) -> str:
+    """What a session of this release in ``role`` calls itself (``application_name``)."""
+    return f"{APPLICATION_PREFIX}{role.value}:g{migrations.generation()}"
+
+
+@dataclass(frozen=True)
+class SessionName:
+    """A media_hooks session's name, read back: its role, and its release's schema generation
+    (None for a release from before generations were named)."""
+
+    role: str
+    generation: int | None
+
+
+def parse_session_name(name: str) -> SessionName | None:
+    """``name`` as ``session_name`` (or an earlier release) writes it; None when it is not one."""
+    if not name.startswith(APPLICATION_PREFIX):
+        return None
+    role, _, generation = name.removeprefix(APPLICATION_PREFIX).partition(":")
+    if not role:
+        return None
+    if not generation:
+        return SessionName(role, None)
+    if generation[:1] != "g" or not generation[1:].isdigit():
+        return None
+    return SessionName(role, int(generation[1:]))
 
 
 def _connect_options(url: str, role: Role, settings: Settings) -> dict[str, str]:

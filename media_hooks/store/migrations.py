@@ -334,6 +334,13 @@ def migrate(
                 _set(conn, name, value)
 
 
+def generation() -> int:
+    """This release's schema generation: the version of its newest migration. Its sessions
+    name it (``media_hooks.store.db.session_name``), so that the sessions of two releases
+    connected during a rolling upgrade can be told apart."""
+    return max(m.version for m in migration_files())
+
+
 def require_current(conn: psycopg.Connection) -> None:
     """Refuse to run on a missing, older or diverged schema, naming the fix."""
     applied = _applied(conn)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
+import psycopg
 import pytest
 
 from media_hooks.observe import figures
+from media_hooks.store import migrations
 from media_hooks_tests.conftest import run_cli
 from media_hooks_tests.operator_data import prepare
 
@@ -103,3 +105,24 @@ def test_status_on_an_unreachable_database_is_a_runtime_failure(cli_env):
     result = run_cli("status", env=env)
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1 and "cannot connect" in result.stderr
+
+
+def test_status_shows_which_releases_are_connected(conn, database_url, cli_env):
+    """During a rolling upgrade: an earlier release's worker (its sessions named no generation)
+    beside one of this release; the command's own session is not counted."""
+    ours = f"g{migrations.generation()}"
+    quiet = run_cli("status", env=cli_env)
+    assert quiet.stdout.rstrip().endswith("connected: no other media_hooks session")
+    with (
+        psycopg.connect(database_url, application_name="media_hooks:worker"),
+        psycopg.connect(database_url, application_name=f"media_hooks:worker:{ours}"),
+    ):
+        text = run_cli("status", env=cli_env).stdout
+        assert text.rstrip().endswith(
+            f"connected:\n  this release ({ours}): worker 1\n"
+            "  an earlier release (generation unnamed): worker 1"
+        )
+        assert [(r["release"], r["roles"]) for r in _status(cli_env)["sessions"]] == [
+            ("this", {"worker": 1}),
+            ("earlier", {"worker": 1}),
+        ]

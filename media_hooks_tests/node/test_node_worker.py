@@ -14,6 +14,7 @@ import pytest
 
 from media_hooks.devtools.receiver import ReceivedRequest, Receiver, Reply, by_attempt
 from media_hooks.engine.delivery_run import deliver_due
+from media_hooks.observe import figures
 from media_hooks.outbox import rate_limits
 from media_hooks.outbox.cohort import Cohort
 from media_hooks_tests.factories import add_deliveries, add_destination, delivery, states
@@ -92,6 +93,9 @@ def test_sigterm_hands_back_what_it_holds_and_exits_143(node, node_env, conn):
         )
         try:
             wait_for(lambda: receiver.request_count >= 2, "two sends", timeout=30)
+            # Its sessions name this release's generation, as the Python runtime's do.
+            (running,) = figures.connected_sessions(conn)
+            assert running.release == "this" and running.roles.get("worker", 0) >= 1
             worker.send_signal(signal.SIGTERM)
             out, err = worker.communicate(timeout=30)
         finally:

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
+import psycopg
 import pytest
 
 from media_hooks.observe import figures
 from media_hooks.outbox.cohort import Cohort
 from media_hooks.outbox.maintenance import sweeps
+from media_hooks.store import db, migrations
 from media_hooks.store.sqlfiles import query
+from media_hooks_tests.conftest import REPO
 from media_hooks_tests.factories import (
     add_deliveries,
     add_destination,
     claim_all,
     claim_and_publish,
 )
-from media_hooks_tests.interleaving import snapshot_held
+from media_hooks_tests.interleaving import snapshot_held, wait_for
 from media_hooks_tests.plans import analyzed, rows_read
 
 
@@ -172,6 +176,61 @@ def test_the_oldest_snapshot_names_the_session_that_holds_vacuum_back(conn, data
         assert json.loads(json.dumps(f.as_dict()))["oldest_snapshot"]["pid"] == pid
     # Ended: nothing holds vacuum back (the measuring session's own snapshot does not count).
     assert figures.measure(conn).oldest_snapshot is None
+
+
+def _session(url: str, name: str) -> psycopg.Connection:
+    return psycopg.connect(url, autocommit=True, application_name=name)
+
+
+def test_the_connected_releases_are_told_apart_by_their_sessions_names(
+    conn, database_url, empty_database_url, settings
+):
+    """A rolling upgrade's reading: this release's sessions, an earlier release's (which named
+    no generation) and a later one's, by role; a session of another program, one of another
+    database and the measuring one are not counted."""
+    ours = migrations.generation()
+    assert figures.measure(conn).sessions == ()
+    with contextlib.ExitStack() as stack:
+        for role in (db.Role.WORKER, db.Role.WORKER, db.Role.SWEEPS):
+            stack.enter_context(db.connect(database_url, role=role, settings=settings))
+        for url, name in [
+            (database_url, "media_hooks:worker"),
+            (database_url, f"media_hooks:reconciler:g{ours + 1}"),
+            (database_url, "nightly-report"),
+            (database_url, "media_hooks:worker:nonsense"),
+            (empty_database_url, f"media_hooks:worker:g{ours}"),
+        ]:
+            stack.enter_context(_session(url, name))
+        measured = figures.measure(conn)
+        assert measured.sessions == (
+            figures.ReleaseSessions(ours, "this", {"sweeps": 1, "worker": 2}),
+            figures.ReleaseSessions(None, "earlier", {"worker": 1}),
+            figures.ReleaseSessions(ours + 1, "later", {"reconciler": 1}),
+        )
+        assert [r.describe() for r in measured.sessions] == [
+            f"this release (g{ours}): sweeps 1, worker 2",
+            "an earlier release (generation unnamed): worker 1",
+            f"a later release (g{ours + 1}): reconciler 1",
+        ]
+        assert json.loads(json.dumps(measured.as_dict()))["sessions"][1] == {
+            "generation": None,
+            "release": "earlier",
+            "roles": {"worker": 1},
+        }
+    # Disconnected: gone from the reading (the server ends a backend just after its client).
+    wait_for(lambda: figures.connected_sessions(conn) == (), "the sessions to end")
+
+
+def test_a_session_name_carries_the_newest_migration_and_reads_back():
+    newest = max(int(path.name[:4]) for path in (REPO / "sql" / "migrations").glob("[0-9]*.sql"))
+    assert migrations.generation() == newest
+    for role in db.Role:
+        name = db.session_name(role)
+        assert name == f"media_hooks:{role.value}:g{newest}" and len(name) <= 63
+        assert db.parse_session_name(name) == db.SessionName(role.value, newest)
+    assert db.parse_session_name("media_hooks:worker") == db.SessionName("worker", None)
+    for foreign in ("nightly-report", "media_hooks:", "media_hooks::g3", "media_hooks:worker:3"):
+        assert db.parse_session_name(foreign) is None
 
 
 @pytest.mark.parametrize(

@@ -54,6 +54,15 @@ def test_every_scrape_measures_afresh(conn, database_url):
     assert after[("media_hooks_oldest_snapshot_age_seconds", ())] == 0
 
 
+def test_the_connected_releases_are_gauges_by_release_generation_and_role(database_url):
+    registry = registry_for(partial(db.connect, database_url, autocommit=True))
+    assert not [key for key in samples(registry) if key[0] == "media_hooks_sessions"]
+    with psycopg.connect(database_url, application_name="media_hooks:worker"):
+        sessions = {k: v for k, v in samples(registry).items() if k[0] == "media_hooks_sessions"}
+    labels = (("generation", "unnamed"), ("release", "earlier"), ("role", "worker"))
+    assert sessions == {("media_hooks_sessions", labels): 1}
+
+
 def test_an_unreadable_database_is_a_figure_not_an_error():
     @contextmanager
     def broken():

@@ -1,7 +1,8 @@
 /**
  * Connections in a role, with the bounds media_hooks/store/db.py gives every connection of that role
  * (statement_timeout, lock_timeout, idle_in_transaction_session_timeout as session settings,
- * application_name `media_hooks:<role>`), and `retrying` for a statement that meets a lock or
+ * application_name `media_hooks:<role>:g<generation>`, the generation being the newest migration's
+ * version, as db.py names a session of the same release), and `retrying` for a statement that meets a lock or
  * a timeout (run again with a growing, jittered pause, then one line: DatabaseBusy).
  */
 
@@ -132,6 +133,14 @@ export function connectionConfig(url, options) {
 }
 
 /**
+ * What a session of this release in `role` calls itself (db.py's `session_name`).
+ * @param {string} role
+ */
+export function sessionName(role) {
+  return `media_hooks:${role}:g${Math.max(...migrationVersions())}`;
+}
+
+/**
  * One connection in `role`, its timestamptz results as Unix seconds to the microsecond; a
  * failure to connect is one line naming the server (never its password).
  * @param {string} url
@@ -153,7 +162,7 @@ export async function connect(url, role, settings) {
     );
   }
   const client = new pg.Client({
-    application_name: `media_hooks:${role}`,
+    application_name: sessionName(role),
     ...config,
     connectionTimeoutMillis: 10_000,
     types: WORKER_TYPES,

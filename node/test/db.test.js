@@ -1,7 +1,8 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { busyCause, connectionConfig, preciseSeconds, redact, sessionSettings } from '../src/db.js';
+import { busyCause, connectionConfig, preciseSeconds, redact, sessionName, sessionSettings } from '../src/db.js';
+import { migrationVersions } from '../src/statements.js';
 
 test("a worker's session carries its role's bounds, as media_hooks/store/db.py sets them", () => {
   assert.deepEqual(sessionSettings('worker', { statementTimeoutSeconds: 60, lockTimeoutSeconds: 5 }), {
@@ -43,4 +44,9 @@ test('locks, timeouts and conflicts are retried; anything else is not', () => {
   assert.equal(busyCause({ code: '57014', message: 'canceling statement due to user request' }), null);
   assert.match(busyCause({ code: '40P01' }), /deadlock/);
   assert.equal(busyCause({ code: '23505' }), null);
+});
+
+test("a session names its role and this release's schema generation, as db.py's session_name does", () => {
+  assert.equal(sessionName('worker'), `media_hooks:worker:g${Math.max(...migrationVersions())}`);
+  assert.match(sessionName('sweeps'), /^media_hooks:sweeps:g\d+$/);
 });

@@ -151,6 +151,20 @@ WHERE a.pid <> pg_backend_pid()
 ORDER BY greatest(age(a.backend_xmin), age(a.backend_xid)) DESC, since
 LIMIT 1;
 
+-- name: figures_sessions
+-- description: the other sessions of media_hooks connected to this database, by the name each
+--   gives itself (media_hooks:<role>:g<generation>, media_hooks/store/db.py): which releases are
+--   connected, in which roles. During a rolling upgrade it tells when the previous release's
+--   last worker has gone. application_name is shown for every role's sessions (no
+--   pg_read_all_stats needed); pg_stat_activity is in memory: no table is read.
+SELECT a.application_name, count(*) AS n
+FROM pg_stat_activity AS a
+WHERE a.datname = current_database()
+  AND a.pid <> pg_backend_pid()
+  AND starts_with(a.application_name, 'media_hooks:')
+GROUP BY a.application_name
+ORDER BY a.application_name;
+
 -- name: figures_oldest_due_by_destination
 -- description: each destination's oldest pending delivery that is due now, whatever its
 -- destination's condition (a paused or disabled one's included): which publisher is behind. One

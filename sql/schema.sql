@@ -264,8 +264,6 @@ CREATE INDEX delivery_attempt_destination ON public.delivery_attempt USING btree
 
 CREATE UNIQUE INDEX delivery_attempt_pkey ON public.delivery_attempt USING btree (delivery_id, attempt_no);
 
-CREATE INDEX delivery_attempt_started ON public.delivery_attempt USING btree (started_at);
-
 CREATE UNIQUE INDEX delivery_identity_pkey ON public.delivery_identity USING btree (delivery_id);
 
 CREATE INDEX delivery_identity_tombstone_created ON public.delivery_identity USING btree (created_at) WHERE (final_state IS NOT NULL);
@@ -301,8 +299,6 @@ CREATE UNIQUE INDEX schema_migrations_pkey ON public.schema_migrations USING btr
 CREATE INDEX webhook_delivery_asset_queue ON public.webhook_delivery USING btree (destination_id, asset_id, created_at, emit_seq) INCLUDE (event_type) WHERE ((state <> 'succeeded'::text) AND (closed_reason IS NULL));
 
 CREATE INDEX webhook_delivery_dead ON public.webhook_delivery USING btree (destination_id, updated_at) WHERE (state = 'dead'::text);
-
-CREATE INDEX webhook_delivery_due ON public.webhook_delivery USING btree (next_attempt_at, delivery_id) WHERE (state = 'pending'::text);
 
 CREATE INDEX webhook_delivery_due_by_destination ON public.webhook_delivery USING btree (destination_id, next_attempt_at, delivery_id) WHERE (state = 'pending'::text);
 

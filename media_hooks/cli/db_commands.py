@@ -49,7 +49,12 @@ concurrently, idempotent). No statement waits longer than --lock-timeout for a l
 and workers never queue behind the migration for longer than that: a statement that times out is
 rolled back and tried again with backoff, and each wait is reported on stderr with what it waited
 for (the relation, and the sessions holding it: pid, application_name, how long idle). A released
-migration whose file changed is refused (sql/migrations/manifest.toml holds their checksums)."""
+migration whose file changed is refused (sql/migrations/manifest.toml holds their checksums).
+A contract migration removes what only earlier releases use (an index their statements read):
+it waits, with the migrations after it, while sessions of a release that does not know it are
+connected (each session names its release in application_name), and this release runs without
+it meanwhile; run db migrate again once they have gone. --previous-release-gone applies it
+anyway, for releases gone whose sessions could not be told apart."""
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -80,6 +85,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=migrations.LockPolicy.statement_timeout_seconds,
         metavar="SECONDS",
         help="cancel a statement that runs longer, e.g. an index build (default %(default)g)",
+    )
+    migrate.add_argument(
+        "--previous-release-gone",
+        action="store_true",
+        help="apply contract migrations even if sessions of an earlier release seem connected",
     )
     migrate.add_argument("--json", action="store_true", help="print one JSON document")
     migrate.set_defaults(handler=run_migrate)
@@ -129,18 +139,31 @@ def run_migrate(args: argparse.Namespace) -> int:
     )
     url = db.resolve_url(Settings.from_env())
     with db.connect(url, autocommit=True, role=db.Role.MIGRATION) as conn:
-        result = migrations.migrate(conn, policy=policy, report=_progress)
+        result = migrations.migrate(
+            conn,
+            policy=policy,
+            report=_progress,
+            previous_release_gone=args.previous_release_gone,
+        )
     if args.json:
         print_json(
             {
                 "applied": result.applied,
                 "already_applied": result.already_applied,
                 "lock_timeouts": result.lock_timeouts,
+                "deferred": result.deferred,
+                "waiting_for": result.waiting_for,
             }
         )
-    elif result.applied:
+        return 0
+    if result.applied:
         print(f"applied {len(result.applied)} migration(s): {', '.join(result.applied)}")
-    else:
+    if result.deferred:
+        print(
+            f"deferred {len(result.deferred)} migration(s) until the releases before them have "
+            f"gone: {', '.join(result.deferred)}"
+        )
+    elif not result.applied:
         print(f"schema is current ({result.already_applied} migration(s) applied)")
     return 0
 

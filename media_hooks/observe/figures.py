@@ -18,8 +18,8 @@ import psycopg
 
 from media_hooks.observe.inspection import format_age
 from media_hooks.outbox.cohort import Cohort
-from media_hooks.store import db, migrations
-from media_hooks.store.sqlfiles import query
+from media_hooks.store import sessions
+from media_hooks.store.sqlfiles import generation, query
 
 STATES = ("pending", "enqueued", "leased", "succeeded", "dead")
 # Dead deliveries closed unsent count under their reason, not as dead (issue 14).
@@ -245,26 +245,20 @@ def _oldest_snapshot(conn: psycopg.Connection, measured_at: datetime) -> Snapsho
     return SnapshotHolder(**row, age_seconds=_seconds_since(measured_at, row["since"]) or 0.0)
 
 
-def _release(generation: int | None, ours: int) -> str:
-    if generation == ours:
+def _release(named: int | None, ours: int) -> str:
+    if named == ours:
         return "this"
-    return "later" if generation is not None and generation > ours else "earlier"
+    return "later" if named is not None and named > ours else "earlier"
 
 
 def connected_sessions(conn: psycopg.Connection) -> tuple[ReleaseSessions, ...]:
     """The other media_hooks sessions connected to this database, by release and role: this
-    release's first, then the others by generation (unnamed first). A session whose
-    ``application_name`` the URL set is not counted: it does not say whose it is."""
-    ours = migrations.generation()
-    by_generation: dict[int | None, dict[str, int]] = {}
-    for row in conn.execute(query("figures_sessions")):
-        name = db.parse_session_name(row["application_name"])
-        if name is not None:
-            roles = by_generation.setdefault(name.generation, {})
-            roles[name.role] = roles.get(name.role, 0) + row["n"]
-    order = sorted(by_generation, key=lambda g: (g != ours, -1 if g is None else g))
+    release's first, then the others by generation (unnamed first)."""
+    ours = generation()
+    found = sessions.connected(conn)
+    order = sorted(found, key=lambda g: (g != ours, -1 if g is None else g))
     return tuple(
-        ReleaseSessions(g, _release(g, ours), dict(sorted(by_generation[g].items()))) for g in order
+        ReleaseSessions(g, _release(g, ours), dict(sorted(found[g].items()))) for g in order
     )
 
 
@@ -292,7 +286,9 @@ def measure(
         counts=_counts(conn, statement, by_destination=by == "destination"),
         oldest_due_age_seconds=_seconds_since(at, scalars["oldest_due_at"]),
         oldest_due_at=scalars["oldest_due_at"],
-        oldest_due_any_age_seconds=_seconds_since(at, scalars["oldest_due_any_at"]),
+        oldest_due_any_age_seconds=_seconds_since(
+            at, min(oldest_due_by_destination(conn, now=at).values(), default=None)
+        ),
         relay_lag_seconds=_seconds_since(at, scalars["oldest_unpublished_at"]),
         oldest_enqueued_age_seconds=_seconds_since(at, scalars["oldest_enqueued_at"]),
         expired_leases=scalars["expired_leases"],

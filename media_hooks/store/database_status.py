@@ -52,9 +52,14 @@ class DatabaseStatus:
 
 def _schema(conn) -> str:
     try:
-        migrations.require_current(conn)
+        deferred = migrations.require_current(conn)
     except RuntimeFailure as exc:
         return str(exc)
+    if deferred:
+        return (
+            f"current ({len(migration_files()) - len(deferred)} migrations; "
+            f"{', '.join(deferred)} waits for the releases before it to go)"
+        )
     return f"current ({len(migration_files())} migrations)"
 
 

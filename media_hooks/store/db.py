@@ -41,7 +41,7 @@ from psycopg_pool import ConnectionPool
 
 from media_hooks.core.config import Settings
 from media_hooks.core.errors import RuntimeFailure, UserError, first_line
-from media_hooks.store import embedded, migrations
+from media_hooks.store import embedded, migrations, sessions
 
 log = logging.getLogger("media_hooks")
 T = TypeVar("T")
@@ -96,39 +96,8 @@ def _session_settings(role: Role, settings: Settings) -> dict[str, str]:
         "statement_timeout": _milliseconds(limits.statement_seconds),
         "lock_timeout": _milliseconds(limits.lock_seconds),
         "idle_in_transaction_session_timeout": _milliseconds(limits.idle_in_transaction_seconds),
-        "application_name": session_name(role),
+        "application_name": sessions.session_name(role.value),
     }
-
-
-APPLICATION_PREFIX = "media_hooks:"
-
-
-def session_name(role: Role) -> str:
-    """What a session of this release in ``role`` calls itself (``application_name``)."""
-    return f"{APPLICATION_PREFIX}{role.value}:g{migrations.generation()}"
-
-
-@dataclass(frozen=True)
-class SessionName:
-    """A media_hooks session's name, read back: its role, and its release's schema generation
-    (None for a release from before generations were named)."""
-
-    role: str
-    generation: int | None
-
-
-def parse_session_name(name: str) -> SessionName | None:
-    """``name`` as ``session_name`` (or an earlier release) writes it; None when it is not one."""
-    if not name.startswith(APPLICATION_PREFIX):
-        return None
-    role, _, generation = name.removeprefix(APPLICATION_PREFIX).partition(":")
-    if not role:
-        return None
-    if not generation:
-        return SessionName(role, None)
-    if generation[:1] != "g" or not generation[1:].isdigit():
-        return None
-    return SessionName(role, int(generation[1:]))
 
 
 def _connect_options(url: str, role: Role, settings: Settings) -> dict[str, str]:

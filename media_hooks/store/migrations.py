@@ -16,6 +16,14 @@ validated in the next (validation scans the table under a lock that lets writes 
 statements are idempotent, and an index left invalid by an interrupted concurrent build is
 dropped before it is built again. The file is recorded as applied after its last statement.
 
+A file marked ``-- migrate: contract`` removes what only the releases before it use (an index
+their statements read). It is applied only when no session of such a release is connected
+(``media_hooks.store.sessions``: every session names its release's generation), else it and
+the files after it are deferred, the report says whose sessions it waits for, and the next
+``migrate`` tries again. This release counts the schema as current without it
+(``require_current``). Applied early (the operator's ``previous_release_gone``), it breaks
+nothing: a straggler of an earlier release runs, its reads slower.
+
 Each applied file is recorded with its SHA-256 in ``schema_migrations``. A file whose content
 differs from what the database applied is refused, unless the manifest of released migrations
 (``sql/migrations/manifest.toml``) accepts that older checksum: then a later migration brings
@@ -28,7 +36,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psycopg
 from psycopg import conninfo, sql
@@ -36,6 +44,7 @@ from psycopg.rows import tuple_row
 
 from media_hooks.core import backoff
 from media_hooks.core.errors import RuntimeFailure, first_line
+from media_hooks.store import sessions
 from media_hooks.store.lockwatch import LockWatch
 from media_hooks.store.sqlfiles import Migration, Released, concurrent_index_name
 from media_hooks.store.sqlfiles import load_migrations as migration_files
@@ -78,6 +87,10 @@ class MigrationResult:
     applied: list[str]
     already_applied: int
     lock_timeouts: int = 0  # statements that gave up a lock wait and were tried again
+    # Left pending: a contract migration whose earlier releases are still connected, and any
+    # after it; ``waiting_for`` says whose sessions.
+    deferred: list[str] = field(default_factory=list)
+    waiting_for: str | None = None
 
 
 def checksum(text: str) -> str:
@@ -275,6 +288,24 @@ def _watch(conn: psycopg.Connection, policy: LockPolicy) -> LockWatch:
     return LockWatch(target, conn.info.backend_pid, interval)
 
 
+def _still_used(conn: psycopg.Connection, migration: Migration) -> str | None:
+    """For a contract migration, the sessions of releases that do not know it, in words; None
+    when none is connected (or it is not a contract migration)."""
+    if not migration.contract:
+        return None
+    earlier = sessions.before(sessions.connected(conn), migration.version)
+    return sessions.describe(earlier) if earlier else None
+
+
+def _waiting(migration: Migration, waiting_for: str) -> str:
+    return (
+        f"{migration.name} removes what releases before it use, and waits while their "
+        f"sessions are connected: {waiting_for}. This release runs without it; run "
+        "`media-hooks db migrate` again once they have gone (--previous-release-gone if they "
+        "have, under other application_names)"
+    )
+
+
 def _note_converging(applied: dict[int, tuple[str, str]], files: list[Migration], report: Report):
     manifest = released_manifest()
     for migration in files:
@@ -293,9 +324,13 @@ def migrate(
     policy: LockPolicy | None = None,
     report: Report | None = None,
     up_to: int | None = None,
+    previous_release_gone: bool = False,
 ) -> MigrationResult:
     """Apply every pending migration (up to version ``up_to``). ``conn`` must be in autocommit
-    mode. ``report`` receives progress lines: waits for locks, retries, cleanups."""
+    mode. ``report`` receives progress lines: waits for locks, retries, cleanups, and a
+    contract migration left pending while sessions of the releases before it are connected
+    (with it, the migrations after it). ``previous_release_gone`` applies it anyway: the
+    operator says those releases are gone (their sessions named themselves otherwise)."""
     policy = policy or LockPolicy()
     report = report or (lambda line: None)
     saved = {
@@ -317,14 +352,23 @@ def migrate(
         _note_converging(applied, files, report)
         _set(conn, "lock_timeout", _millis(policy.lock_timeout_seconds))
         _set(conn, "statement_timeout", _millis(policy.statement_timeout_seconds))
+        done: list[str] = []
+        waiting_for = None
         with _watch(conn, policy) as watch:
             runner = _Runner(conn, policy, report, watch)
             for migration in pending:
+                waiting_for = None if previous_release_gone else _still_used(conn, migration)
+                if waiting_for is not None:
+                    report(_waiting(migration, waiting_for))
+                    break
                 runner.apply(migration)
+                done.append(migration.name)
         return MigrationResult(
-            applied=[m.name for m in pending],
+            applied=done,
             already_applied=len(applied),
             lock_timeouts=runner.lock_timeouts,
+            deferred=[m.name for m in pending[len(done) :]],
+            waiting_for=waiting_for,
         )
     finally:
         if not (conn.closed or conn.broken):
@@ -334,20 +378,20 @@ def migrate(
                 _set(conn, name, value)
 
 
-def generation() -> int:
-    """This release's schema generation: the version of its newest migration. Its sessions
-    name it (``media_hooks.store.db.session_name``), so that the sessions of two releases
-    connected during a rolling upgrade can be told apart."""
-    return max(m.version for m in migration_files())
-
-
-def require_current(conn: psycopg.Connection) -> None:
-    """Refuse to run on a missing, older or diverged schema, naming the fix."""
+def require_current(conn: psycopg.Connection) -> list[str]:
+    """Refuse to run on a missing, older or diverged schema, naming the fix. Contract
+    migrations still pending at the end (this release runs with or without them) are not
+    missing: their names are returned."""
     applied = _applied(conn)
     files = _checked_files(applied)
-    missing = [m.name for m in files if m.version not in applied]
+    pending = [m for m in files if m.version not in applied]
+    deferred = []
+    while pending and pending[-1].contract and applied:
+        deferred.insert(0, pending.pop().name)
+    missing = [m.name for m in pending]
     if missing:
         what = (
             "no media_hooks schema" if not applied else f"pending migrations ({', '.join(missing)})"
         )
         raise RuntimeFailure(f"the database has {what}: run `media-hooks db migrate`")
+    return deferred

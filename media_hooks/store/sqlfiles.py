@@ -9,7 +9,10 @@ Migrations are ``sql/migrations/NNNN_name.sql``; ``sql/migrations/manifest.toml`
 checksums of the released ones. A migration whose leading comment block has the line
 ``-- migrate: no-transaction`` is applied statement by statement outside a transaction (for
 ``CREATE INDEX CONCURRENTLY`` and validating a constraint apart from adding it); every one of
-its statements must be idempotent, since an interrupted run starts the file again.
+its statements must be idempotent, since an interrupted run starts the file again. One with
+``-- migrate: contract`` removes what only earlier releases use: ``db migrate`` applies it once
+no session of a release that does not know it is connected, and until then this release runs
+without it (``media_hooks.store.migrations``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from importlib.resources.abc import Traversable
 
 _NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 _MIGRATION = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
-_NO_TRANSACTION = re.compile(r"^--\s*migrate:\s*no-transaction\s*$")
+_DIRECTIVES = ("no-transaction", "contract")
 _DIRECTIVE = re.compile(r"^--\s*migrate:\s*(.*?)\s*$")
 # CREATE [UNIQUE] INDEX CONCURRENTLY IF NOT EXISTS name ...: the name is what a retry cleans up.
 _CONCURRENT_INDEX = re.compile(
@@ -60,6 +63,9 @@ class Migration:
     # False: applied statement by statement outside a transaction (``-- migrate: no-transaction``).
     transactional: bool
     statements: tuple[str, ...]
+    # True: it removes what only releases before it use (``-- migrate: contract``), and waits
+    # until none of their sessions is connected (``media_hooks.store.migrations``).
+    contract: bool = False
 
 
 def load_migrations() -> list[Migration]:
@@ -74,9 +80,15 @@ def _loaded_migrations() -> tuple[Migration, ...]:
     return tuple(migration(version, name, text) for version, name, text in migrations())
 
 
+def generation() -> int:
+    """This release's schema generation: the version of its newest migration. Its sessions
+    name it (``media_hooks.store.sessions``)."""
+    return _loaded_migrations()[-1].version
+
+
 def migration(version: int, name: str, text: str) -> Migration:
     """A migration file's text with its directives read (ValueError for a malformed one)."""
-    transactional = True
+    directives = set()
     for line in text.splitlines():
         stripped = line.strip()
         if not stripped:
@@ -86,9 +98,10 @@ def migration(version: int, name: str, text: str) -> Migration:
         directive = _DIRECTIVE.match(stripped)
         if directive is None:
             continue
-        if not _NO_TRANSACTION.match(stripped):
+        if directive.group(1) not in _DIRECTIVES:
             raise ValueError(f"{name}: unknown directive {directive.group(1)!r}")
-        transactional = False
+        directives.add(directive.group(1))
+    transactional = "no-transaction" not in directives
     statements = tuple(split_statements(text))
     if not transactional:
         for statement in statements:
@@ -98,7 +111,7 @@ def migration(version: int, name: str, text: str) -> Migration:
                     f"{name}: a concurrent index build must be `CREATE INDEX CONCURRENTLY IF NOT "
                     "EXISTS name ...`, so that a retry after an interruption is idempotent"
                 )
-    return Migration(version, name, text, transactional, statements)
+    return Migration(version, name, text, transactional, statements, "contract" in directives)
 
 
 def concurrent_index_name(statement: str) -> str | None:

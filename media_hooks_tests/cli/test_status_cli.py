@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from media_hooks.observe import figures
-from media_hooks.store import migrations
+from media_hooks.store import sqlfiles
 from media_hooks_tests.conftest import run_cli
 from media_hooks_tests.operator_data import prepare
 
@@ -110,7 +110,7 @@ def test_status_on_an_unreachable_database_is_a_runtime_failure(cli_env):
 def test_status_shows_which_releases_are_connected(conn, database_url, cli_env):
     """During a rolling upgrade: an earlier release's worker (its sessions named no generation)
     beside one of this release; the command's own session is not counted."""
-    ours = f"g{migrations.generation()}"
+    ours = f"g{sqlfiles.generation()}"
     quiet = run_cli("status", env=cli_env)
     assert quiet.stdout.rstrip().endswith("connected: no other media_hooks session")
     with (

@@ -10,13 +10,16 @@ import base64
 import json
 import signal
 
+import psycopg
 import pytest
+from psycopg.rows import dict_row
 
 from media_hooks.devtools.receiver import ReceivedRequest, Receiver, Reply, by_attempt
 from media_hooks.engine.delivery_run import deliver_due
 from media_hooks.observe import figures
 from media_hooks.outbox import rate_limits
 from media_hooks.outbox.cohort import Cohort
+from media_hooks.store import migrations, sqlfiles
 from media_hooks_tests.factories import add_deliveries, add_destination, delivery, states
 from media_hooks_tests.interleaving import wait_for
 from media_hooks_tests.node.conftest import run_worker, start_worker, worker_report
@@ -170,3 +173,20 @@ def test_a_password_never_appears_in_its_error(node, node_env):
     done = run_worker(node, "cdn", env=env, timeout=60)
     assert done.returncode == 1
     assert "hunter2" not in done.stderr and "u:***@127.0.0.1:9" in done.stderr
+
+
+def test_a_schema_short_of_its_contract_migrations_is_current_for_it(
+    node, node_env, empty_database_url
+):
+    """During a rollout the contract migrations wait for the previous release to go; the Node
+    worker of this release runs meanwhile, as the Python runtime does."""
+    contract = next(m for m in sqlfiles.load_migrations() if m.contract)
+    with psycopg.connect(empty_database_url, autocommit=True, row_factory=dict_row) as conn:
+        migrations.migrate(conn, up_to=contract.version - 1)
+        with Receiver() as receiver:
+            add_destination(conn, "cdn", url=receiver.url)
+            add_deliveries(conn, "cdn", 3)
+            env = dict(node_env, MEDIA_HOOKS_DATABASE_URL=empty_database_url)
+            report = worker_report(run_worker(node, "cdn", "--json", env=env, timeout=60))
+        assert report["destinations"]["cdn"]["succeeded"] == 3
+        assert states(conn) == {"succeeded": 3}

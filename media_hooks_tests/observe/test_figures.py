@@ -11,7 +11,7 @@ import pytest
 from media_hooks.observe import figures
 from media_hooks.outbox.cohort import Cohort
 from media_hooks.outbox.maintenance import sweeps
-from media_hooks.store import db, migrations
+from media_hooks.store import db, sessions, sqlfiles
 from media_hooks.store.sqlfiles import query
 from media_hooks_tests.conftest import REPO
 from media_hooks_tests.factories import (
@@ -188,7 +188,7 @@ def test_the_connected_releases_are_told_apart_by_their_sessions_names(
     """A rolling upgrade's reading: this release's sessions, an earlier release's (which named
     no generation) and a later one's, by role; a session of another program, one of another
     database and the measuring one are not counted."""
-    ours = migrations.generation()
+    ours = sqlfiles.generation()
     assert figures.measure(conn).sessions == ()
     with contextlib.ExitStack() as stack:
         for role in (db.Role.WORKER, db.Role.WORKER, db.Role.SWEEPS):
@@ -223,14 +223,14 @@ def test_the_connected_releases_are_told_apart_by_their_sessions_names(
 
 def test_a_session_name_carries_the_newest_migration_and_reads_back():
     newest = max(int(path.name[:4]) for path in (REPO / "sql" / "migrations").glob("[0-9]*.sql"))
-    assert migrations.generation() == newest
+    assert sqlfiles.generation() == newest
     for role in db.Role:
-        name = db.session_name(role)
+        name = sessions.session_name(role.value)
         assert name == f"media_hooks:{role.value}:g{newest}" and len(name) <= 63
-        assert db.parse_session_name(name) == db.SessionName(role.value, newest)
-    assert db.parse_session_name("media_hooks:worker") == db.SessionName("worker", None)
+        assert sessions.parse_session_name(name) == sessions.SessionName(role.value, newest)
+    assert sessions.parse_session_name("media_hooks:worker") == sessions.SessionName("worker", None)
     for foreign in ("nightly-report", "media_hooks:", "media_hooks::g3", "media_hooks:worker:3"):
-        assert db.parse_session_name(foreign) is None
+        assert sessions.parse_session_name(foreign) is None
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from media_hooks.outbox import rate_limits
 from media_hooks.outbox.cohort import Cohort
 from media_hooks.outbox.maintenance import sweeps
 from media_hooks.outbox.maintenance.requeue import requeue
-from media_hooks.store import db, migrations
+from media_hooks.store import db, sqlfiles
 from media_hooks_tests.factories import add_deliveries, add_destination, delivery, states
 from media_hooks_tests.interleaving import in_background, open_session, wait_for
 
@@ -63,9 +63,7 @@ def test_every_role_connects_with_its_bounds(database_url, settings, role):
     with db.connect(database_url, role=role, settings=settings) as conn:
         assert _normalized(_shown(conn)) == _expected(bounds)
         name = conn.execute("SHOW application_name").fetchone()["application_name"]
-        assert (
-            name == db.session_name(role) == f"media_hooks:{role.value}:g{migrations.generation()}"
-        )
+        assert name == f"media_hooks:{role.value}:g{sqlfiles.generation()}"
 
 
 def test_a_pooled_connection_takes_the_role_of_whoever_borrows_it(database_url, settings):

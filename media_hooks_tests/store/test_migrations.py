@@ -5,6 +5,7 @@ lock timeout (issue 11, part 1)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import psycopg
 import pytest
 
 from media_hooks.core.errors import RuntimeFailure
-from media_hooks.store import migrations, sqlfiles
+from media_hooks.store import migrations, sessions, sqlfiles
 from media_hooks_tests.conftest import REPO, run_cli, run_cli_together
 from media_hooks_tests.factories import add_destination
 from media_hooks_tests.fingerprints import schema_fingerprint
@@ -37,7 +38,10 @@ EXPECTED_TABLES = {
 LAST = next(
     m for m in sqlfiles.load_migrations() if m.name == "0008_secret_forms_and_attempt_window.sql"
 )
-FROM_LAST = [m.name for m in sqlfiles.load_migrations() if m.version >= LAST.version]
+_FROM_LAST = [m for m in sqlfiles.load_migrations() if m.version >= LAST.version]
+FROM_LAST = [m.name for m in _FROM_LAST]
+# What a release needs of them: all but the contract migrations at the end.
+NEEDED_FROM_LAST = FROM_LAST[: 1 + max(i for i, m in enumerate(_FROM_LAST) if not m.contract)]
 
 
 def _tables(url: str) -> set[str]:
@@ -356,7 +360,7 @@ def test_a_migration_that_cannot_get_its_lock_gives_up_naming_the_blocker(empty_
             )
             assert f"pid {blocker.info.backend_pid} (application_name 'blocker'" in message
             assert any("retrying in" in line for line in lines)
-            pending = re.escape(f"pending migrations ({', '.join(FROM_LAST)})")
+            pending = re.escape(f"pending migrations ({', '.join(NEEDED_FROM_LAST)})")
             with pytest.raises(RuntimeFailure, match=pending):
                 migrations.require_current(conn)
     finally:
@@ -381,7 +385,7 @@ def test_an_interrupted_concurrent_index_build_is_dropped_and_built_again(empty_
         valid = "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)"
         assert conn.execute(valid, (index,)).fetchone() == (False,)
         lines: list[str] = []
-        migrations.migrate(conn, report=lines.append)
+        migrations.migrate(conn, report=lines.append, up_to=LAST.version)
         assert conn.execute(valid, (index,)).fetchone() == (True,)
     assert f"dropping the invalid index {index} left by an interrupted build" in lines
 
@@ -441,3 +445,85 @@ def test_lock_policy_defaults_are_short_and_bounded():
     policy = migrations.LockPolicy()
     assert policy.lock_timeout_seconds <= 5 and policy.statement_timeout_seconds > 0
     assert dataclasses.replace(policy, max_wait_seconds=0).max_wait_seconds == 0
+
+
+def test_the_contract_directive_is_read_beside_no_transaction():
+    both = sqlfiles.migration(
+        99, "0099_x.sql", "-- migrate: no-transaction\n-- migrate: contract\nDROP INDEX i;"
+    )
+    assert (both.transactional, both.contract) == (False, True)
+    assert not sqlfiles.migration(99, "0099_x.sql", "SELECT 1;").contract
+
+
+CONTRACT = next(m for m in sqlfiles.load_migrations() if m.contract)
+FROM_CONTRACT = [m.name for m in sqlfiles.load_migrations() if m.version >= CONTRACT.version]
+
+
+def _named(url: str, application_name: str) -> psycopg.Connection:
+    return psycopg.connect(url, autocommit=True, application_name=application_name)
+
+
+def _index_exists(conn: psycopg.Connection, name: str) -> bool:
+    return conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,)).fetchone()[0]
+
+
+def test_a_contract_migration_waits_while_a_release_before_it_is_connected(empty_database_url):
+    """An earlier release's worker (named without a generation, as releases before 29 named
+    themselves) and one of generation 28 (one migration short) hold the contract migration back: it and what comes
+    after it stay pending, the schema counts as current for this release, and the report says
+    whose sessions it waits for. Sessions of this release and of other programs do not."""
+    _at_version(empty_database_url, CONTRACT.version - 1)
+    ours = sessions.session_name("worker")
+    lines: list[str] = []
+    with (
+        _named(empty_database_url, "media_hooks:worker") as unnamed,
+        _named(empty_database_url, f"media_hooks:sweeps:g{CONTRACT.version - 1}"),
+        _named(empty_database_url, ours),
+        _named(empty_database_url, "nightly-report"),
+        psycopg.connect(empty_database_url, autocommit=True) as conn,
+    ):
+        result = migrations.migrate(conn, report=lines.append)
+        assert (result.applied, result.deferred) == ([], FROM_CONTRACT)
+        assert result.waiting_for == (
+            f"worker 1 (generation unnamed); sweeps 1 (g{CONTRACT.version - 1})"
+        )
+        (line,) = lines
+        assert line.startswith(f"{CONTRACT.name} removes what releases before it use")
+        assert result.waiting_for in line and "--previous-release-gone" in line
+        assert migrations.require_current(conn) == FROM_CONTRACT
+        assert _index_exists(conn, "webhook_delivery_due")
+        # One of them gone, the other still holds it.
+        unnamed.close()
+        assert migrations.migrate(conn).waiting_for == f"sweeps 1 (g{CONTRACT.version - 1})"
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        with _named(empty_database_url, ours):
+            assert migrations.migrate(conn).applied == FROM_CONTRACT
+        assert migrations.require_current(conn) == []
+        assert not _index_exists(conn, "webhook_delivery_due")
+        assert not _index_exists(conn, "delivery_attempt_started")
+
+
+def test_the_operator_can_say_the_previous_release_is_gone(empty_database_url, cli_env):
+    env = dict(cli_env, MEDIA_HOOKS_DATABASE_URL=empty_database_url)
+    _at_version(empty_database_url, CONTRACT.version - 1)
+    with _named(empty_database_url, "media_hooks:worker"):
+        held = run_cli("db", "migrate", env=env)
+        assert held.returncode == 0, held.stderr
+        assert held.stdout == (
+            f"deferred {len(FROM_CONTRACT)} migration(s) until the releases before them have "
+            f"gone: {', '.join(FROM_CONTRACT)}\n"
+        )
+        assert "worker 1 (generation unnamed)" in held.stderr
+        status = run_cli("db", "status", "--json", env=env)
+        assert status.returncode == 0, status.stderr
+        assert f"{CONTRACT.name} waits for the releases before it" in status.stdout
+        # This release runs meanwhile: its commands find the schema current.
+        assert run_cli("status", env=env).returncode == 0
+        forced = run_cli("db", "migrate", "--previous-release-gone", "--json", env=env)
+    assert forced.returncode == 0, forced.stderr
+    document = json.loads(forced.stdout)
+    assert (document["applied"], document["deferred"], document["waiting_for"]) == (
+        FROM_CONTRACT,
+        [],
+        None,
+    )

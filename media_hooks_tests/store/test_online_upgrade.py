@@ -23,7 +23,7 @@ from psycopg.rows import dict_row
 
 from media_hooks.devtools.receiver import Receiver, Reply
 from media_hooks.engine.delivery_run import deliver_due
-from media_hooks.observe import checks
+from media_hooks.observe import checks, figures
 from media_hooks.outbox.emit import Event, emit, emit_many
 from media_hooks.outbox.maintenance import retention
 from media_hooks.store import db, migrations, sqlfiles
@@ -197,6 +197,10 @@ def test_the_run_index_is_narrowed_while_the_previous_release_delivers(
         assert counted >= COUNT
 
 
+def _one(conn: psycopg.Connection, statement: str, *params):
+    return next(iter(conn.execute(statement, params).fetchone().values()))
+
+
 def _count(conn: psycopg.Connection, relation: str, where: str = "true") -> int:
     return conn.execute(f"SELECT count(*) AS n FROM {relation} WHERE {where}").fetchone()["n"]
 
@@ -354,3 +358,23 @@ def test_tombstones_keep_refusing_repeats_while_0028_drops_their_index(empty_dat
         assert retention.is_tombstoned(conn, ids[-1])
         assert _count(conn, "webhook_delivery") == 0
         assert checks.run(conn, checks.Options(full=True)).holds
+
+
+def test_the_contract_migration_drops_what_only_the_previous_release_read_mid_run(
+    empty_database_url, settings
+):
+    """0029 (a contract migration) applied while this release delivers, none of the previous
+    release's sessions connected: its two indexes go, the run delivers each delivery once and
+    `check` holds; status's oldest-due figures and the checks' windows read per destination."""
+    name = "0029_due_and_attempts_read_by_destination.sql"
+    with psycopg.connect(empty_database_url, autocommit=True, row_factory=dict_row) as conn:
+        assert _migrate_mid_run(conn, empty_database_url, settings, name).applied == [name]
+        assert {"webhook_delivery_due", "delivery_attempt_started"}.isdisjoint(_indexes(conn))
+        oldest = add_deliveries(conn, "cdn", 3, prefix="later")[0]
+        due_at = _one(
+            conn, "SELECT next_attempt_at FROM webhook_delivery WHERE delivery_id = %s", oldest
+        )
+        measured = figures.measure(conn)
+        assert measured.oldest_due_at == due_at
+        assert measured.oldest_due_any_age_seconds == measured.oldest_due_age_seconds
+        assert checks.run(conn).holds

@@ -107,6 +107,36 @@ export function bind(name, values = {}) {
   };
 }
 
+const CONTRACT = /^--\s*migrate:\s*contract\s*$/;
+
+/**
+ * Whether a migration's leading comment block marks it `-- migrate: contract` (sqlfiles.py):
+ * it removes what only earlier releases use, and this release runs with it still pending.
+ * @param {string} text
+ */
+export function isContract(text) {
+  for (const line of text.split('\n')) {
+    const stripped = line.trim();
+    if (!stripped) continue;
+    if (!stripped.startsWith('--')) return false;
+    if (CONTRACT.test(stripped)) return true;
+  }
+  return false;
+}
+
+/**
+ * The versions of this checkout's contract migrations.
+ * @param {string} [folder]
+ * @returns {Set<number>}
+ */
+export function contractVersions(folder = MIGRATIONS_DIR) {
+  return new Set(
+    readdirSync(folder)
+      .filter((f) => /^\d{4}_[a-z0-9_]+\.sql$/.test(f) && isContract(readFileSync(join(folder, f), 'utf8')))
+      .map((f) => Number(f.slice(0, 4))),
+  );
+}
+
 /**
  * The migration versions this checkout's files define (`NNNN_name.sql`).
  * @param {string} [folder]

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { bind, loadStatements, migrationVersions, parseQueries, translate } from '../src/statements.js';
+import { bind, contractVersions, isContract, loadStatements, migrationVersions, parseQueries, translate } from '../src/statements.js';
 
 test('a queries file splits at its name lines, as sqlfiles.parse_queries does', () => {
   const text = '-- header\n\n-- name: first\n-- description: x\nSELECT 1;\n\n-- name: second_one\nSELECT 2;;\n';
@@ -57,4 +57,11 @@ test('the migrations this checkout defines are read from their file names', () =
   assert.equal(versions[0], 1);
   assert.ok(versions.includes(17));
   assert.deepEqual(versions, [...versions].sort((a, b) => a - b));
+});
+
+test('a contract migration is told by the directive in its leading comments, as sqlfiles.py reads it', () => {
+  assert.equal(isContract('-- migrate: no-transaction\n--  migrate:  contract \nDROP INDEX i;'), true);
+  assert.equal(isContract('-- migrate: no-transaction\nDROP INDEX i;'), false);
+  assert.equal(isContract('SELECT 1;\n-- migrate: contract\n'), false);
+  assert.ok(contractVersions().size >= 1);
 });

@@ -41,7 +41,7 @@ FROM bad;
 
 -- name: check_open_attempt_without_lease
 -- description: open attempts started in the window whose delivery is not leased under the
---   attempt's token as its newest attempt (delivery_attempt_started, then the delivery's key).
+--   attempt's token as its newest attempt (delivery_attempt_destination by start, then the delivery's key).
 --   No index names finished_at (an attempt's ending is a heap-only update: migration 0023), so
 --   open attempts are found among those started in the window; a leased delivery's own attempt
 --   is checked whatever its age by check_leased_without_one_open_attempt.
@@ -49,7 +49,8 @@ WITH bad AS (
     SELECT a.delivery_id || '#' || a.attempt_no AS id
     FROM delivery_attempt AS a
     JOIN webhook_delivery AS d ON d.delivery_id = a.delivery_id
-    WHERE a.started_at >= %(since)s
+    WHERE a.destination_id = ANY (ARRAY(SELECT destination_id FROM webhook_destination))
+      AND a.started_at >= %(since)s
       AND a.finished_at IS NULL
       AND NOT (d.state = 'leased'
                AND d.lease_token = a.lease_token
@@ -75,11 +76,12 @@ FROM bad;
 
 -- name: check_two_successes
 -- description: deliveries with a success attempt started in the window and another success
---   attempt (delivery_attempt_started, then delivery_attempt's key per delivery).
+--   attempt (delivery_attempt_destination by start, then delivery_attempt's key per delivery).
 WITH bad AS (
     SELECT DISTINCT a.delivery_id
     FROM delivery_attempt AS a
-    WHERE a.started_at >= %(since)s
+    WHERE a.destination_id = ANY (ARRAY(SELECT destination_id FROM webhook_destination))
+      AND a.started_at >= %(since)s
       AND a.outcome = 'success'
       AND EXISTS (SELECT 1 FROM delivery_attempt AS b
                    WHERE b.delivery_id = a.delivery_id
@@ -93,13 +95,15 @@ FROM bad;
 -- description: attempts started in the window that follow an earlier attempt of their delivery
 --   without a recorded reason to send again: the previous attempt must have finished before,
 --   as retryable, rate limited or ambiguous, or as rejected and then requeued by an operator
---   (delivery_attempt_started, then delivery_attempt's key and delivery_requeue_item_delivery).
+--   (delivery_attempt_destination by start, then delivery_attempt's key and
+--   delivery_requeue_item_delivery).
 WITH bad AS (
     SELECT a.delivery_id || '#' || a.attempt_no AS id
     FROM delivery_attempt AS a
     LEFT JOIN delivery_attempt AS p
       ON p.delivery_id = a.delivery_id AND p.attempt_no = a.attempt_no - 1
-    WHERE a.started_at >= %(since)s
+    WHERE a.destination_id = ANY (ARRAY(SELECT destination_id FROM webhook_destination))
+      AND a.started_at >= %(since)s
       AND a.attempt_no > 1
       AND NOT coalesce(
           p.finished_at <= a.started_at
@@ -115,7 +119,7 @@ FROM bad;
 -- name: check_success_matches_state
 -- description: deliveries that succeeded in the window without a success attempt, and success
 --   attempts started in the window whose delivery is not succeeded (webhook_delivery_terminal
---   and delivery_attempt_started by time, then keys).
+--   and delivery_attempt_destination by time, then keys).
 WITH bad AS (
     SELECT d.delivery_id
     FROM webhook_delivery AS d
@@ -128,7 +132,8 @@ WITH bad AS (
     SELECT a.delivery_id
     FROM delivery_attempt AS a
     JOIN webhook_delivery AS d ON d.delivery_id = a.delivery_id
-    WHERE a.started_at >= %(since)s
+    WHERE a.destination_id = ANY (ARRAY(SELECT destination_id FROM webhook_destination))
+      AND a.started_at >= %(since)s
       AND a.outcome = 'success'
       AND d.state <> 'succeeded'
 )
@@ -139,8 +144,8 @@ FROM bad;
 -- description: tombstones (delivery_identity with a final state, the delivery_tombstone view of
 --   migration 0005) that share their id with a live delivery. The default pass starts from the
 --   live deliveries an emit, a run or a requeue could have written since the window began: the
---   open ones (webhook_delivery_due, _enqueued, _lease) and those that ended in the window
---   (_terminal), then looks each id up among the identities (delivery_identity's key). The
+--   open ones (webhook_delivery_due_by_destination, _parked, _enqueued, _lease) and those that
+--   ended in the window (_terminal), then looks each id up among the identities (delivery_identity's key). The
 --   tombstones themselves are a year of purged ids by default (tombstone_days): only --all
 --   reads them all, and only it would find a tombstone beside a delivery that ended before the
 --   window (the purge deletes what it tombstones, in one statement).

@@ -75,25 +75,25 @@ SELECT
     -- Oldest due that could go out now: pending, due, destination enabled and not paused, and
     -- on an ordered destination not held behind an earlier delivery of its asset (one recorded
     -- due while that was invisible to its producer is not work a run can do: counted, it
-    -- would start run after run behind a dead head). Walks webhook_delivery_due in order and
-    -- stops at the first eligible row.
-    (SELECT d.next_attempt_at
-       FROM webhook_delivery d
-       JOIN webhook_destination w ON w.destination_id = d.destination_id
-      WHERE d.state = 'pending'
-        AND d.next_attempt_at <= clock.now
-        AND w.enabled
-        AND (w.paused_until IS NULL OR w.paused_until <= clock.now)
-        AND NOT EXISTS (SELECT FROM media_hooks_held_by_v2(w.ordering, 'none', d.destination_id,
-                                                           d.asset_id, d.event_type,
-                                                           d.created_at, d.emit_seq,
-                                                           d.delivery_id))
-      ORDER BY d.next_attempt_at, d.delivery_id
-      LIMIT 1) AS oldest_due_at,
-    -- Oldest due of all, including those waiting on a paused or disabled destination.
-    (SELECT min(d.next_attempt_at)
-       FROM webhook_delivery d
-      WHERE d.state = 'pending' AND d.next_attempt_at <= clock.now) AS oldest_due_any_at,
+    -- would start run after run behind a dead head). Per sendable destination, walks
+    -- webhook_delivery_due_by_destination in order to its first eligible row, as the claim
+    -- does (migration 0029 dropped the index over every destination's due rows).
+    (SELECT min(first.next_attempt_at)
+       FROM webhook_destination w
+       CROSS JOIN LATERAL (
+           SELECT d.next_attempt_at
+           FROM webhook_delivery d
+           WHERE d.destination_id = w.destination_id
+             AND d.state = 'pending'
+             AND d.next_attempt_at <= clock.now
+             AND NOT EXISTS (SELECT FROM media_hooks_held_by_v2(w.ordering, 'none',
+                                                                d.destination_id, d.asset_id,
+                                                                d.event_type, d.created_at,
+                                                                d.emit_seq, d.delivery_id))
+           ORDER BY d.next_attempt_at, d.delivery_id
+           LIMIT 1) AS first
+      WHERE w.enabled
+        AND (w.paused_until IS NULL OR w.paused_until <= clock.now)) AS oldest_due_at,
     -- Relay lag: the oldest outbox message not yet published that is still waited for: the
     -- current dispatch of a delivery that is still enqueued. A message whose delivery moved on
     -- (released, swept, delivered through a later dispatch) is never published and is not lag.
@@ -151,20 +151,6 @@ WHERE a.pid <> pg_backend_pid()
 ORDER BY greatest(age(a.backend_xmin), age(a.backend_xid)) DESC, since
 LIMIT 1;
 
--- name: figures_sessions
--- description: the other sessions of media_hooks connected to this database, by the name each
---   gives itself (media_hooks:<role>:g<generation>, media_hooks/store/db.py): which releases are
---   connected, in which roles. During a rolling upgrade it tells when the previous release's
---   last worker has gone. application_name is shown for every role's sessions (no
---   pg_read_all_stats needed); pg_stat_activity is in memory: no table is read.
-SELECT a.application_name, count(*) AS n
-FROM pg_stat_activity AS a
-WHERE a.datname = current_database()
-  AND a.pid <> pg_backend_pid()
-  AND starts_with(a.application_name, 'media_hooks:')
-GROUP BY a.application_name
-ORDER BY a.application_name;
-
 -- name: figures_oldest_due_by_destination
 -- description: each destination's oldest pending delivery that is due now, whatever its
 -- destination's condition (a paused or disabled one's included): which publisher is behind. One
@@ -185,10 +171,11 @@ ORDER BY w.destination_id;
 
 -- name: figures_attempts_by_outcome
 -- description: finished attempts per outcome over the last hour and day, read from the attempts
---   started since an hour before the day (delivery_attempt_started: no index names finished_at,
---   migration 0023). An attempt ends within its lease, seconds to minutes after its start; one
---   that a sweep ended more than an hour after its start (a lost worker, no run since) is not
---   counted.
+--   started since an hour before the day (no index names finished_at, migration 0023), one range
+--   of delivery_attempt_destination per destination (an attempt's destination is its
+--   delivery's, which exists). An attempt ends within its lease, seconds to minutes after its
+--   start; one that a sweep ended more than an hour after its start (a lost worker, no run
+--   since) is not counted.
 WITH clock AS (
     SELECT COALESCE(%(now)s::timestamptz, now()) AS now
 )
@@ -196,7 +183,8 @@ SELECT a.outcome,
        count(*) FILTER (WHERE a.finished_at > clock.now - interval '1 hour') AS last_hour,
        count(*) AS last_day
 FROM delivery_attempt a, clock
-WHERE a.started_at > clock.now - interval '25 hours'
+WHERE a.destination_id = ANY (ARRAY(SELECT destination_id FROM webhook_destination))
+  AND a.started_at > clock.now - interval '25 hours'
   AND a.finished_at > clock.now - interval '1 day'
   AND a.finished_at <= clock.now
 GROUP BY a.outcome
@@ -205,18 +193,25 @@ ORDER BY a.outcome;
 -- name: figures_cohort_due
 -- description: whether any delivery of a cohort is due and sendable now (what a run would
 -- claim; on an ordered destination, not held behind an earlier delivery of its asset, as in
--- figures_scalars): stops at the first such row of webhook_delivery_due.
+-- figures_scalars): per sendable destination of the cohort, a range of
+-- webhook_delivery_due_by_destination up to now, until the first such row.
 SELECT EXISTS (
     SELECT 1
-    FROM webhook_delivery AS d
-    JOIN webhook_destination AS w ON w.destination_id = d.destination_id
-    WHERE d.state = 'pending'
-      AND d.next_attempt_at <= now()
-      AND media_hooks_in_cohort(d, %(destination_ids)s, %(event_types)s, %(asset_ids)s,
-                                %(created_after)s, %(created_before)s)
-      AND w.enabled
+    FROM webhook_destination AS w
+    WHERE w.enabled
       AND (w.paused_until IS NULL OR w.paused_until <= now())
-      AND NOT EXISTS (SELECT FROM media_hooks_held_by_v2(w.ordering, 'none', d.destination_id,
-                                                         d.asset_id, d.event_type, d.created_at,
-                                                         d.emit_seq, d.delivery_id))
+      AND (cardinality(%(destination_ids)s::text[]) = 0
+           OR w.destination_id = ANY (%(destination_ids)s))
+      AND EXISTS (
+          SELECT 1
+          FROM webhook_delivery AS d
+          WHERE d.destination_id = w.destination_id
+            AND d.state = 'pending'
+            AND d.next_attempt_at <= now()
+            AND media_hooks_in_cohort(d, %(destination_ids)s, %(event_types)s, %(asset_ids)s,
+                                      %(created_after)s, %(created_before)s)
+            AND NOT EXISTS (SELECT FROM media_hooks_held_by_v2(w.ordering, 'none',
+                                                               d.destination_id, d.asset_id,
+                                                               d.event_type, d.created_at,
+                                                               d.emit_seq, d.delivery_id)))
 ) AS due;

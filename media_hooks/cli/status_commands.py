@@ -8,7 +8,7 @@ from media_hooks.cli.output import print_json, table
 from media_hooks.core.config import Settings
 from media_hooks.observe import figures
 from media_hooks.observe.inspection import format_age, format_time
-from media_hooks.store import db
+from media_hooks.store import db, migrations
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -87,13 +87,22 @@ def _attempts(f: figures.Figures) -> str:
     return table(["attempt outcome", "last hour", "last day"], rows)
 
 
-def _sessions(f: figures.Figures) -> str:
+def _sessions(f: figures.Figures, deferred: list[str]) -> str:
     if not f.sessions:
-        return "connected: no other media_hooks session"
-    return "connected:\n" + "\n".join(f"  {r.describe()}" for r in f.sessions)
+        text = "connected: no other media_hooks session"
+    else:
+        text = "connected:\n" + "\n".join(f"  {r.describe()}" for r in f.sessions)
+    if deferred:
+        earlier = any(r.release == "earlier" for r in f.sessions)
+        when = "once the earlier release has gone" if earlier else "now (no earlier release)"
+        text += (
+            f"\ncontract migrations pending: {', '.join(deferred)}; "
+            f"`media-hooks db migrate` applies them {when}"
+        )
+    return text
 
 
-def render(f: figures.Figures) -> str:
+def render(f: figures.Figures, deferred: list[str] | None = None) -> str:
     return "\n\n".join(
         [
             f"measured at {format_time(f.measured_at)}\n"
@@ -102,7 +111,7 @@ def render(f: figures.Figures) -> str:
             *_dead_heads(f),
             _flags(f),
             _attempts(f),
-            _sessions(f),
+            _sessions(f, deferred or []),
         ]
     )
 
@@ -111,8 +120,9 @@ def run_status(args: argparse.Namespace) -> int:
     url = db.ready_url(Settings.from_env())
     with db.connect(url, autocommit=True) as conn:
         measured = figures.measure(conn, by=args.by)
+        deferred = migrations.require_current(conn)
     if args.json:
-        print_json(measured.as_dict())
+        print_json({**measured.as_dict(), "contract_migrations_pending": deferred})
     else:
-        print(render(measured))
+        print(render(measured, deferred))
     return 0

@@ -158,6 +158,7 @@ CREATE TABLE webhook_delivery (
     emit_seq bigint,
     closed_reason text,
     closed_by text,
+    queued boolean,
     CONSTRAINT closed_only_when_dead CHECK ((((closed_reason IS NULL) AND (closed_by IS NULL)) OR ((state = 'dead'::text) AND (closed_reason = 'discarded'::text) AND (closed_by IS NULL)) OR ((state = 'dead'::text) AND (closed_reason = 'superseded'::text) AND (closed_by IS NOT NULL)))),
     CONSTRAINT delivery_id_form CHECK (((delivery_id ~ '^[A-Za-z0-9_:-]+$'::text) AND (length(delivery_id) <= 200))),
     CONSTRAINT delivery_state CHECK ((state = ANY (ARRAY['pending'::text, 'enqueued'::text, 'leased'::text, 'succeeded'::text, 'dead'::text]))),
@@ -296,8 +297,6 @@ CREATE UNIQUE INDEX one_row_per_dispatch ON public.dispatch_outbox_v1 USING btre
 
 CREATE UNIQUE INDEX schema_migrations_pkey ON public.schema_migrations USING btree (version);
 
-CREATE INDEX webhook_delivery_asset_queue ON public.webhook_delivery USING btree (destination_id, asset_id, created_at, emit_seq) INCLUDE (event_type) WHERE ((state <> 'succeeded'::text) AND (closed_reason IS NULL));
-
 CREATE INDEX webhook_delivery_dead ON public.webhook_delivery USING btree (destination_id, updated_at) WHERE (state = 'dead'::text);
 
 CREATE INDEX webhook_delivery_due_by_destination ON public.webhook_delivery USING btree (destination_id, next_attempt_at, delivery_id) WHERE (state = 'pending'::text);
@@ -309,6 +308,8 @@ CREATE INDEX webhook_delivery_lease ON public.webhook_delivery USING btree (leas
 CREATE INDEX webhook_delivery_parked ON public.webhook_delivery USING btree (destination_id, asset_id, created_at, emit_seq NULLS FIRST, delivery_id) WHERE ((state = 'pending'::text) AND (next_attempt_at >= '9999-01-01 00:00:00+00'::timestamp with time zone));
 
 CREATE UNIQUE INDEX webhook_delivery_pkey ON public.webhook_delivery USING btree (delivery_id);
+
+CREATE INDEX webhook_delivery_queue ON public.webhook_delivery USING btree (destination_id, asset_id, created_at, emit_seq) INCLUDE (event_type) WHERE ((queued IS NOT FALSE) AND (state <> 'succeeded'::text) AND (closed_reason IS NULL));
 
 CREATE INDEX webhook_delivery_succeeded_by_destination ON public.webhook_delivery USING btree (destination_id) WHERE (state = 'succeeded'::text);
 
@@ -333,6 +334,8 @@ CREATE TRIGGER webhook_delivery_immutable BEFORE UPDATE OF delivery_id, destinat
 CREATE TRIGGER webhook_delivery_release_queue_head AFTER UPDATE OF state, closed_reason ON public.webhook_delivery FOR EACH ROW WHEN ((((new.state = 'succeeded'::text) AND (old.state <> 'succeeded'::text)) OR ((new.closed_reason IS NOT NULL) AND (old.closed_reason IS NULL)))) EXECUTE FUNCTION media_hooks_release_queue_head_v1();
 
 CREATE TRIGGER webhook_delivery_release_queue_head_on_purge AFTER DELETE ON public.webhook_delivery FOR EACH ROW WHEN (((old.state <> 'succeeded'::text) AND (old.closed_reason IS NULL))) EXECUTE FUNCTION media_hooks_release_queue_head_v1();
+
+CREATE TRIGGER webhook_destination_queue_backlog BEFORE UPDATE OF ordering, coalescing ON public.webhook_destination FOR EACH ROW WHEN ((((new.ordering = 'asset'::text) AND (old.ordering <> 'asset'::text)) OR ((new.coalescing = 'asset'::text) AND (old.coalescing <> 'asset'::text)))) EXECUTE FUNCTION media_hooks_queue_backlog_v1();
 
 -- Sequences --------------------------------------------------------------------------------------
 
@@ -584,6 +587,7 @@ AS $function$
     FROM webhook_delivery AS e
     WHERE p_ordering = 'asset'
       AND e.destination_id = p_destination_id AND e.asset_id = p_asset_id
+      AND e.queued IS NOT FALSE
       AND e.state <> 'succeeded' AND e.closed_reason IS NULL
       AND (e.created_at, e.emit_seq) < (p_created_at, p_emit_seq)
     UNION ALL
@@ -591,6 +595,7 @@ AS $function$
     FROM webhook_delivery AS e
     WHERE p_ordering = 'asset'
       AND e.destination_id = p_destination_id AND e.asset_id = p_asset_id
+      AND e.queued IS NOT FALSE
       AND e.state <> 'succeeded' AND e.closed_reason IS NULL
       AND e.created_at = p_created_at AND e.emit_seq IS NULL
       AND (p_emit_seq IS NOT NULL OR e.delivery_id < p_delivery_id)
@@ -599,6 +604,7 @@ AS $function$
     FROM webhook_delivery AS n
     WHERE p_coalescing = 'asset'
       AND n.destination_id = p_destination_id AND n.asset_id = p_asset_id
+      AND n.queued IS NOT FALSE
       AND n.state <> 'succeeded' AND n.closed_reason IS NULL
       AND n.event_type = p_event_type
       AND n.delivery_id <> p_delivery_id
@@ -1030,6 +1036,26 @@ BEGIN
 END;
 $function$;
 
+CREATE OR REPLACE FUNCTION public.media_hooks_queue_backlog_v1()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    PERFORM 1 FROM webhook_destination AS w
+    WHERE w.destination_id = NEW.destination_id
+    FOR UPDATE;
+    -- One arm per partial index of the open states, read as a BitmapOr.
+    UPDATE webhook_delivery AS d
+    SET queued = true
+    WHERE d.destination_id = NEW.destination_id
+      AND d.queued = false
+      AND (d.state = 'pending' OR d.state = 'enqueued' OR d.state = 'leased'
+           OR d.state = 'dead')
+      AND d.closed_reason IS NULL;
+    RETURN NEW;
+END;
+$function$;
+
 CREATE OR REPLACE FUNCTION public.media_hooks_rate_wait_v1(p_empty_in double precision, p_rate double precision, p_burst integer, p_ahead double precision, p_count integer)
  RETURNS double precision
  LANGUAGE sql
@@ -1208,7 +1234,7 @@ BEGIN
     -- deliveries of its asset and type still waiting, as sweep_superseded would. Sent after it,
     -- one would leave the receiver on stale content, and nothing else closes it: the sweep and
     -- the claim's rule (media_hooks_held_by_v2) read only open rows, never a newer success.
-    -- One asset's open queue is read (webhook_delivery_asset_queue); a row another session
+    -- One asset's open queue is read (webhook_delivery_queue); a row another session
     -- holds is skipped.
     superseded AS (
         UPDATE webhook_delivery AS o
@@ -1227,6 +1253,7 @@ BEGIN
                 SELECT e.delivery_id
                 FROM webhook_delivery AS e
                 WHERE e.destination_id = n.destination_id AND e.asset_id = n.asset_id
+                  AND e.queued IS NOT FALSE
                   AND e.state = 'pending' AND e.closed_reason IS NULL
                   AND e.event_type = n.event_type
                   AND (e.created_at, coalesce(e.emit_seq, 0), e.delivery_id)
@@ -1365,6 +1392,7 @@ BEGIN
                 SELECT e.delivery_id
                 FROM webhook_delivery AS e
                 WHERE e.destination_id = OLD.destination_id AND e.asset_id = OLD.asset_id
+                  AND e.queued IS NOT FALSE
                   AND e.state <> 'succeeded' AND e.closed_reason IS NULL
                   AND e.delivery_id <> OLD.delivery_id
                 ORDER BY e.created_at, coalesce(e.emit_seq, 0), e.delivery_id

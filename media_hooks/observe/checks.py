@@ -82,6 +82,11 @@ CHECKS = (
         "of its asset is not terminal, since it began ordering (invariant 10)",
     ),
     Check(
+        "left_out_of_queue",
+        "on a destination that orders or coalesces by asset, every open delivery is in its "
+        "asset's queue, which the claim's rule reads (invariant 10)",
+    ),
+    Check(
         "permits_past_hold",
         "no in-flight permit is held longer than one hold from now: a lost holder's permits "
         "expire (rate limits)",

@@ -2,7 +2,7 @@
 
 Every connection of a release names itself ``media_hooks:<role>:g<generation>`` in
 ``application_name`` (``media_hooks.store.db``), the generation being the version of the
-release's newest migration (``sqlfiles.generation``); releases before generation 29 named the
+release's newest migration (``sqlfiles.generation``); releases before generation 30 named the
 role alone. ``pg_stat_activity`` shows that name to every role, so the sessions of two releases
 connected during a rolling upgrade can be told apart: ``status`` and ``metrics`` count them,
 and ``db migrate`` waits with a contract migration until no session of a release that does not

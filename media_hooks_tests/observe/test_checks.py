@@ -148,6 +148,12 @@ BREAKS = {
         "UPDATE destination_limiter SET slot_until[1] = now() + interval '1 day'",
         "pub#1",
     ),
+    # Taken out of its asset's queue by hand after its destination began coalescing.
+    "left_out_of_queue": (
+        "UPDATE webhook_destination SET coalescing = 'asset' WHERE destination_id = 'pub';"
+        " UPDATE webhook_delivery SET queued = false WHERE delivery_id = 'e-pub-1'",
+        "e-pub-1",
+    ),
 }
 
 

@@ -216,7 +216,7 @@ def test_dagster_ui_loads_everything_and_launches_a_delivery_run(env, conn, rece
         # The outbox in the catalog, each of its checks executable on its own from its page.
         node = _graphql(url, OUTBOX_NODE)["assetNodeOrError"]
         checks = node["assetChecksOrError"]["checks"]
-        assert len(checks) == 17
+        assert len(checks) == 18
         assert {c["canExecuteIndividually"] for c in checks} == {"CAN_EXECUTE"}
 
         # The Launchpad opens on every cohort field; a user edits it and launches.

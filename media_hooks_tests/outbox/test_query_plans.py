@@ -251,7 +251,7 @@ def test_classified_outcomes_are_recorded_by_key_whatever_the_statistics_say(sta
     assert len([r for r in rows if r["state"]]) == 25
     reads = {i for p in plans for i in _delivery_indexes(p["Plan"])}
     assert "webhook_delivery_pkey" in reads
-    assert reads <= {"webhook_delivery_pkey", "webhook_delivery_asset_queue"}
+    assert reads <= {"webhook_delivery_pkey", "webhook_delivery_queue"}
 
 
 @contextmanager
@@ -301,7 +301,7 @@ def _lease_indexes(conn: psycopg.Connection, offered: list[dict]) -> tuple[int, 
 
 
 # By key, and, for the ordering rule (migration 0021), through one asset's open queue.
-BY_KEY = {"webhook_delivery_pkey", "webhook_delivery_asset_queue"}
+BY_KEY = {"webhook_delivery_pkey", "webhook_delivery_queue"}
 
 
 def _enqueued(conn: psycopg.Connection) -> list[dict]:
@@ -540,7 +540,7 @@ ORDERED_STATEMENTS = {
 @pytest.mark.parametrize("name", sorted(ORDERED_STATEMENTS))
 def test_ordered_statements_use_indexes(ordered, name):
     """The statements that claim, record and wake the deliveries of an ordered destination read
-    its asset queues by index (webhook_delivery_asset_queue, webhook_delivery_parked)."""
+    its asset queues by index (webhook_delivery_queue, webhook_delivery_parked)."""
     with ordered.transaction(force_rollback=True):
         ordered.execute(query("emit_staging_create"))
         statement = f"EXPLAIN (FORMAT JSON) {query(name)}"
@@ -549,7 +549,7 @@ def test_ordered_statements_use_indexes(ordered, name):
         ]
     print(f"\n{name}:\n{json.dumps(plan['Plan'], indent=1)[:6000]}")
     assert _seq_scans(plan["Plan"]) == []
-    assert "webhook_delivery_asset_queue" in _every_index(plan["Plan"])
+    assert "webhook_delivery_queue" in _every_index(plan["Plan"])
     if name == "sweep_wake_parked_heads":
         assert "webhook_delivery_parked" in _every_index(plan["Plan"])
 

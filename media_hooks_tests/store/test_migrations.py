@@ -468,8 +468,8 @@ def _index_exists(conn: psycopg.Connection, name: str) -> bool:
 
 
 def test_a_contract_migration_waits_while_a_release_before_it_is_connected(empty_database_url):
-    """An earlier release's worker (named without a generation, as releases before 29 named
-    themselves) and one of generation 28 (one migration short) hold the contract migration back: it and what comes
+    """An earlier release's worker (named without a generation, as releases before 30 named
+    themselves) and one of generation 29 (one migration short) hold the contract migration back: it and what comes
     after it stay pending, the schema counts as current for this release, and the report says
     whose sessions it waits for. Sessions of this release and of other programs do not."""
     _at_version(empty_database_url, CONTRACT.version - 1)

@@ -4,7 +4,10 @@ migration intends. (docs/upgrading.md: schema first, then workers.)
 
 The run started before a migration is this release's engine with the previous release's
 statements where they differ: the ones that write the outbox by its former table's name
-(fixtures/outbox_writes.03cabe3.sql, which this release's replaced with migration 0027)."""
+(fixtures/outbox_writes.03cabe3.sql, which this release's replaced with migration 0027), and
+the ones that read or write an asset's queue without the queued column of migration 0029
+(fixtures/queue_reads.4740194.sql). `check` runs after, with this release's statements, on the
+schema brought up to date."""
 
 from __future__ import annotations
 
@@ -32,15 +35,18 @@ from media_hooks_tests.factories import add_deliveries, add_destination
 from media_hooks_tests.interleaving import in_background, wait_for
 
 COUNT = 600
-PREVIOUS_OUTBOX_WRITES = sqlfiles.parse_queries(
-    (Path(__file__).parent / "fixtures" / "outbox_writes.03cabe3.sql").read_text()
-)
+FIXTURES = Path(__file__).parent / "fixtures"
+PREVIOUS_STATEMENTS = {
+    **sqlfiles.parse_queries((FIXTURES / "outbox_writes.03cabe3.sql").read_text()),
+    **sqlfiles.parse_queries((FIXTURES / "queue_reads.4740194.sql").read_text()),
+}
 
 
 @contextmanager
 def previous_release() -> Iterator[None]:
-    """Statements run by name are the previous release's where it wrote the outbox otherwise."""
-    with mock.patch.dict(sqlfiles.queries(), PREVIOUS_OUTBOX_WRITES):
+    """Statements run by name are the previous release's where it wrote the outbox, or read or
+    wrote an asset's queue, otherwise."""
+    with mock.patch.dict(sqlfiles.queries(), PREVIOUS_STATEMENTS):
         yield
 
 
@@ -89,7 +95,8 @@ class MidRun(NamedTuple):
 
 def _migrate_mid_run(conn: psycopg.Connection, url: str, settings, name: str) -> MidRun:
     """Migrate to the migration before ``name``, start a run delivering COUNT deliveries and
-    apply ``name`` while it delivers; the run delivers each once and `check` holds after."""
+    apply ``name`` while it delivers; the run delivers each once (the caller then checks the
+    rest: ``_holds_when_current``)."""
     version = _version(name)
     migrations.migrate(conn, up_to=version - 1)
     # A reply that takes a moment keeps the run going while the migration applies.
@@ -110,8 +117,13 @@ def _migrate_mid_run(conn: psycopg.Connection, url: str, settings, name: str) ->
     assert during < COUNT, "the migration applied while the run still delivered"
     assert result.totals.succeeded == COUNT
     assert len(requests) == COUNT and set(requests.values()) == {1}
-    assert checks.run(conn).holds
     return MidRun(applied, during)
+
+
+def _holds_when_current(conn: psycopg.Connection) -> None:
+    """`check` holds once the schema is brought up to date, as this release needs it."""
+    migrations.migrate(conn)
+    assert checks.run(conn).holds
 
 
 def _indexes(conn: psycopg.Connection) -> set[str]:
@@ -137,12 +149,12 @@ def test_an_update_goes_in_place_while_the_previous_release_delivers(
             .values()
         )
         assert options == [f"fillfactor={change.fillfactor}"]
-        if change.dropped_index is None:
-            return
-        wait_for(lambda: _updates(conn, change.table)[0] >= COUNT, "the statistics", 30)
-        updates, hot = _updates(conn, change.table)
-        assert hot >= (COUNT - during) // 2, f"{hot} of {updates} of {change.table} heap-only"
-        assert change.dropped_index not in _indexes(conn)
+        if change.dropped_index is not None:
+            wait_for(lambda: _updates(conn, change.table)[0] >= COUNT, "the statistics", 30)
+            updates, hot = _updates(conn, change.table)
+            assert hot >= (COUNT - during) // 2, f"{hot} of {updates} of {change.table} heap-only"
+            assert change.dropped_index not in _indexes(conn)
+        _holds_when_current(conn)
 
 
 def _through_index(conn: psycopg.Connection, index: str, statement: str) -> list[dict]:
@@ -177,6 +189,7 @@ def test_the_counts_index_is_swapped_while_the_previous_release_delivers(
             conn, "webhook_delivery_succeeded_by_destination", query("figures_succeeded_counts")
         )
         assert counted == [{"key": "cdn", "state": "succeeded", "n": COUNT}]
+        _holds_when_current(conn)
 
 
 def test_the_run_index_is_narrowed_while_the_previous_release_delivers(
@@ -195,6 +208,7 @@ def test_the_run_index_is_narrowed_while_the_previous_release_delivers(
         counted = row["n"]
         assert counted == conn.execute("SELECT count(*) AS n FROM dispatch_outbox").fetchone()["n"]
         assert counted >= COUNT
+        _holds_when_current(conn)
 
 
 def _one(conn: psycopg.Connection, statement: str, *params):
@@ -230,6 +244,7 @@ def test_the_outbox_stops_copying_bodies_while_the_previous_release_delivers(
         assert _count(conn, joined, not_its_body) == 0
         assert _count(conn, "dispatch_outbox", "published_at IS NULL") == 0
 
+        migrations.migrate(conn)  # this release runs on the schema up to date
         add_deliveries(conn, "cdn", 50, prefix="later")
         with Receiver() as receiver, db.open_pool(empty_database_url, max_size=4) as pool:
             conn.execute("UPDATE webhook_destination SET url = %s", (receiver.url,))
@@ -349,6 +364,7 @@ def test_tombstones_keep_refusing_repeats_while_0028_drops_their_index(empty_dat
         assert purge.result().deliveries == total
         assert "delivery_identity_tombstone" not in _indexes(conn)
         assert (_count(conn, "webhook_delivery"), tombstones()) == (0, total)
+        migrations.migrate(conn)  # this release's emits need the schema up to date
 
         again = [Event("cdn", "asset-1", "transcode.completed", {}, delivery_id=i) for i in ids]
         with conn.transaction():
@@ -363,13 +379,18 @@ def test_tombstones_keep_refusing_repeats_while_0028_drops_their_index(empty_dat
 def test_the_contract_migration_drops_what_only_the_previous_release_read_mid_run(
     empty_database_url, settings
 ):
-    """0029 (a contract migration) applied while this release delivers, none of the previous
-    release's sessions connected: its two indexes go, the run delivers each delivery once and
+    """0030 (a contract migration) applied while a run delivers, none of the previous
+    release's sessions connected: its three indexes go, the run delivers each delivery once and
     `check` holds; status's oldest-due figures and the checks' windows read per destination."""
-    name = "0029_due_and_attempts_read_by_destination.sql"
+    name = "0030_indexes_only_the_previous_release_read.sql"
     with psycopg.connect(empty_database_url, autocommit=True, row_factory=dict_row) as conn:
         assert _migrate_mid_run(conn, empty_database_url, settings, name).applied == [name]
-        assert {"webhook_delivery_due", "delivery_attempt_started"}.isdisjoint(_indexes(conn))
+        dropped = {
+            "webhook_delivery_asset_queue",
+            "webhook_delivery_due",
+            "delivery_attempt_started",
+        }
+        assert dropped.isdisjoint(_indexes(conn))
         oldest = add_deliveries(conn, "cdn", 3, prefix="later")[0]
         due_at = _one(
             conn, "SELECT next_attempt_at FROM webhook_delivery WHERE delivery_id = %s", oldest
@@ -378,3 +399,26 @@ def test_the_contract_migration_drops_what_only_the_previous_release_read_mid_ru
         assert measured.oldest_due_at == due_at
         assert measured.oldest_due_any_age_seconds == measured.oldest_due_age_seconds
         assert checks.run(conn).holds
+
+
+def test_asset_queues_are_kept_where_they_are_read_while_the_previous_release_delivers(
+    empty_database_url, settings
+):
+    """0029 applied mid-run (a column added under the previous release's writes, the queue's
+    index built concurrently beside the old one): the previous release's deliveries, which say
+    nothing of a queue (NULL), count as queued and are all in the new index, which the rule the
+    claim reads now uses."""
+    name = "0029_asset_queues_where_they_are_read.sql"
+    with psycopg.connect(empty_database_url, autocommit=True, row_factory=dict_row) as conn:
+        assert _migrate_mid_run(conn, empty_database_url, settings, name).applied == [name]
+        assert _count(conn, "webhook_delivery", "queued IS NOT NULL") == 0
+        add_deliveries(conn, "cdn", 3, prefix="held", asset_id="film")
+        (row,) = _through_index(
+            conn,
+            "webhook_delivery_queue",
+            "SELECT count(*) AS n FROM webhook_delivery WHERE destination_id = 'cdn'"
+            " AND asset_id = 'film' AND queued IS NOT FALSE"
+            " AND state <> 'succeeded' AND closed_reason IS NULL",
+        )
+        assert row["n"] == 3
+        _holds_when_current(conn)

@@ -199,8 +199,8 @@ FROM bad;
 -- name: check_sent_out_of_order
 -- description: dispatched deliveries (enqueued or leased) of a destination that orders by asset
 --   while an earlier delivery of the same asset is not terminal or is dead without being closed
---   (webhook_delivery_enqueued and _lease, then the asset's queue, webhook_delivery_asset_queue:
---   the rule of media_hooks_held_by_v2, migration 0013). A dispatch made (enqueued) or an attempt
+--   (webhook_delivery_enqueued and _lease, then the asset's queue, webhook_delivery_queue:
+--   the rule of media_hooks_held_by_v2, migrations 0013 and 0029). A dispatch made (enqueued) or an attempt
 --   started (leased) before ordering began on the destination (ordered_since, migration 0021)
 --   is not counted: it cannot be recalled, and the lease hands back what it had not sent.
 WITH bad AS (
@@ -222,9 +222,30 @@ WITH bad AS (
           SELECT 1 FROM webhook_delivery AS e
           WHERE e.destination_id = d.destination_id
             AND e.asset_id = d.asset_id
+            AND e.queued IS NOT FALSE
             AND e.state <> 'succeeded' AND e.closed_reason IS NULL
             AND (e.created_at, coalesce(e.emit_seq, 0), e.delivery_id)
                 < (d.created_at, coalesce(d.emit_seq, 0), d.delivery_id))
+)
+SELECT count(*) AS violations, (array_agg(delivery_id ORDER BY delivery_id))[1:5] AS examples
+FROM bad;
+
+-- name: check_left_out_of_queue
+-- description: open deliveries (and dead ones not closed) of a destination that orders or
+--   coalesces by asset that are not in their asset's queue (queued false, migration 0029): the
+--   claim's rule, the queue-head trigger and latest-wins read the queue, and would not see them.
+--   Such a destination's deliveries are queued when emitted, and its backlog when it starts
+--   ordering or coalescing. Per such destination, each open state's partial index.
+-- keeps: invariant 10, as every check of it above assumes (they read the queue).
+WITH bad AS (
+    SELECT d.delivery_id
+    FROM webhook_destination AS w
+    JOIN webhook_delivery AS d ON d.destination_id = w.destination_id
+    WHERE (w.ordering = 'asset' OR w.coalescing = 'asset')
+      -- One arm per partial index, read as a BitmapOr.
+      AND (d.state = 'pending' OR d.state = 'enqueued' OR d.state = 'leased' OR d.state = 'dead')
+      AND d.closed_reason IS NULL
+      AND d.queued = false
 )
 SELECT count(*) AS violations, (array_agg(delivery_id ORDER BY delivery_id))[1:5] AS examples
 FROM bad;
@@ -249,8 +270,11 @@ FROM bad;
 -- description: deliveries per state, counted through other indexes than `status`'s counts
 --   (figures_open_counts_by_state: each state's partial index; figures_succeeded_counts), so
 --   that an index no longer maintained shows as a difference: the open and unclosed dead rows
---   in one pass over webhook_delivery_asset_queue's predicate (no `status` statement reads that
---   index), the dead ones closed unsent through webhook_delivery_dead, the succeeded ones as
+--   of queued deliveries through webhook_delivery_queue (no `status` statement reads that
+--   index; migration 0029), the others' through the open states' indexes, as a bitmap that
+--   reads each row's own state (the same indexes as status: for them only a statement of
+--   status that reads the wrong rows shows; --all may read the table), the dead ones closed
+--   unsent through webhook_delivery_dead, the succeeded ones as
 --   the terminal rows less the dead (webhook_delivery_terminal) only when asked (0 otherwise,
 --   and their subqueries never run): a delivery run's reading leaves out the history
 --   retention keeps.
@@ -259,8 +283,15 @@ WITH open AS (
            count(*) FILTER (WHERE state = 'enqueued') AS enqueued,
            count(*) FILTER (WHERE state = 'leased') AS leased,
            count(*) FILTER (WHERE state = 'dead') AS dead_unclosed
-    FROM webhook_delivery
-    WHERE state <> 'succeeded' AND closed_reason IS NULL
+    FROM (
+        SELECT state FROM webhook_delivery
+        WHERE queued IS NOT FALSE AND state <> 'succeeded' AND closed_reason IS NULL
+        UNION ALL
+        SELECT state FROM webhook_delivery
+        WHERE queued = false
+          AND (state = 'pending' OR state = 'enqueued' OR state = 'leased' OR state = 'dead')
+          AND closed_reason IS NULL
+    ) AS o
 ),
 closed AS (
     SELECT count(*) AS n FROM webhook_delivery WHERE state = 'dead' AND closed_reason IS NOT NULL

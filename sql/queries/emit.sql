@@ -12,6 +12,13 @@
 -- for one whose predecessor left while the producer's transaction was still open (the trigger
 -- cannot see an uncommitted row), the sweep sweep_wake_parked_heads (each delivery run's
 -- sweeps, and each tick of the lag sensor).
+--
+-- A delivery to a destination that orders or coalesces by asset is born queued: it joins its
+-- asset's queue (webhook_delivery_queue, migration 0029), which the claim's rule reads; one to
+-- another destination is not, and costs no entry there. The destination is read under the
+-- key-share lock its foreign key check takes anyway, taken where it is read: a destination that
+-- starts ordering or coalescing waits for the emits to it in flight, and then queues their
+-- deliveries, and a later emit waits for it and reads it changed (0029's trigger).
 
 -- name: emit_one
 -- description: records one pending delivery unless its delivery_id was ever recorded; says
@@ -26,9 +33,10 @@
 -- keeps: invariants 3 and 10: on an ordered destination, born parked when an earlier open
 --   delivery of its asset holds it (the top of this file: the trigger or the sweep wakes it).
 WITH destination AS (
-    SELECT destination_id, ordering
+    SELECT destination_id, ordering, ordering = 'asset' OR coalescing = 'asset' AS queued
     FROM webhook_destination
     WHERE destination_id = %(destination_id)s
+    FOR KEY SHARE
 ),
 identity AS (
     INSERT INTO delivery_identity (delivery_id)
@@ -38,7 +46,8 @@ identity AS (
 ),
 -- Its place in emission order, and whether an earlier open delivery of its asset holds it.
 born AS MATERIALIZED (
-    SELECT identity.delivery_id, destination.destination_id, numbered.emit_seq,
+    SELECT identity.delivery_id, destination.destination_id, destination.queued,
+           numbered.emit_seq,
            destination.ordering = 'asset' AND EXISTS (
                SELECT FROM media_hooks_held_by_v2('asset', 'none', destination.destination_id,
                                                   %(asset_id)s, %(event_type)s, now(),
@@ -51,12 +60,14 @@ born AS MATERIALIZED (
 inserted AS (
     INSERT INTO webhook_delivery
         (delivery_id, destination_id, asset_id, event_type, payload, body,
-         created_at, updated_at, next_attempt_at, budget_started_at, emit_seq, wait_reason)
+         created_at, updated_at, next_attempt_at, budget_started_at, emit_seq, wait_reason,
+         queued)
     SELECT born.delivery_id, born.destination_id, %(asset_id)s, %(event_type)s,
            %(payload)s::jsonb,
            %(body_head)s::bytea || convert_to(media_hooks_rfc3339_v1(now()), 'UTF8')
                || %(body_tail)s::bytea,
-           now(), now(), parking.next_attempt_at, now(), born.emit_seq, parking.wait_reason
+           now(), now(), parking.next_attempt_at, now(), born.emit_seq, parking.wait_reason,
+           born.queued
     FROM born
     CROSS JOIN LATERAL media_hooks_parking_v2(born.held, now()) AS parking
     -- A row recorded by code older than 0005 has no identity row yet: it is kept as it is.
@@ -79,10 +90,11 @@ SELECT EXISTS (SELECT 1 FROM destination) AS destination_known,
 -- keeps: invariants 3 and 10: a delivery to an ordered destination is born parked when an
 --   earlier open delivery of its asset holds it, as in emit_one.
 WITH targets AS (
-    SELECT w.destination_id, w.ordering,
+    SELECT w.destination_id, w.ordering, w.ordering = 'asset' OR w.coalescing = 'asset' AS queued,
            media_hooks_event_delivery_id_v1(%(event_id)s, w.destination_id) AS delivery_id
     FROM webhook_destination AS w
     WHERE media_hooks_subscribed_v1(w.destination_id, %(event_type)s)
+    FOR KEY SHARE OF w
 ),
 event AS (
     INSERT INTO webhook_event (event_id, event_type, asset_id, destination_ids, created_at)
@@ -117,12 +129,14 @@ born AS MATERIALIZED (
 inserted AS (
     INSERT INTO webhook_delivery
         (delivery_id, destination_id, asset_id, event_type, payload, body,
-         created_at, updated_at, next_attempt_at, budget_started_at, emit_seq, wait_reason)
+         created_at, updated_at, next_attempt_at, budget_started_at, emit_seq, wait_reason,
+         queued)
     SELECT born.delivery_id, born.destination_id, %(asset_id)s, %(event_type)s,
            %(payload)s::jsonb,
            %(body_head)s::bytea || convert_to(media_hooks_rfc3339_v1(now()), 'UTF8')
                || %(body_tail)s::bytea,
-           now(), now(), parking.next_attempt_at, now(), born.emit_seq, parking.wait_reason
+           now(), now(), parking.next_attempt_at, now(), born.emit_seq, parking.wait_reason,
+           born.queued
     FROM born
     CROSS JOIN LATERAL media_hooks_parking_v2(born.held, now()) AS parking
     ON CONFLICT (delivery_id) DO NOTHING
@@ -268,6 +282,14 @@ ordered_new AS (
     JOIN webhook_destination AS w ON w.destination_id = e.destination_id AND w.ordering = 'asset'
     WHERE NOT EXISTS (SELECT 1 FROM delivery_identity AS i WHERE i.delivery_id = e.delivery_id)
 ),
+-- Whether each destination's deliveries are born queued, read under the key-share lock (the
+-- top of this file).
+queues AS (
+    SELECT w.destination_id, w.ordering = 'asset' OR w.coalescing = 'asset' AS queued
+    FROM webhook_destination AS w
+    WHERE w.destination_id IN (SELECT destination_id FROM numbered)
+    FOR KEY SHARE
+),
 -- Held: behind an earlier line of its asset in this file, or behind an earlier open delivery
 -- of its asset in the producer's snapshot (only a queue's first line in the file can be not
 -- held, so only it is looked up).
@@ -283,13 +305,15 @@ held AS (
 inserted AS (
     INSERT INTO webhook_delivery
         (delivery_id, destination_id, asset_id, event_type, payload, body,
-         created_at, updated_at, next_attempt_at, budget_started_at, emit_seq, wait_reason)
+         created_at, updated_at, next_attempt_at, budget_started_at, emit_seq, wait_reason,
+         queued)
     SELECT DISTINCT ON (e.delivery_id)
            e.delivery_id, e.destination_id, e.asset_id, e.event_type, e.payload::jsonb,
            e.body_head || clock.stamp || e.body_tail,
            clock.now, clock.now, parking.next_attempt_at, clock.now, e.emit_seq,
-           parking.wait_reason
+           parking.wait_reason, q.queued
     FROM numbered AS e
+    JOIN queues AS q ON q.destination_id = e.destination_id
     CROSS JOIN clock
     LEFT JOIN held ON held.emit_seq = e.emit_seq
     CROSS JOIN LATERAL media_hooks_parking_v2(held.emit_seq IS NOT NULL, clock.now) AS parking

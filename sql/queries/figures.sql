@@ -49,7 +49,7 @@ ORDER BY 1, 2;
 -- description: dead deliveries at the head of an asset's queue on an ordered destination that
 -- hold later deliveries of their asset (media_hooks_held_by_v2), oldest first, with how many
 -- they hold: each waits for an operator's requeue or discard (index webhook_delivery_dead, then
--- webhook_delivery_asset_queue per dead row).
+-- webhook_delivery_queue per dead row: an ordered destination's deliveries are queued).
 SELECT d.delivery_id, d.destination_id, d.asset_id, held.n AS holding
 FROM webhook_delivery AS d
 JOIN webhook_destination AS w ON w.destination_id = d.destination_id AND w.ordering = 'asset'
@@ -57,6 +57,7 @@ CROSS JOIN LATERAL (
     SELECT count(*) AS n
     FROM webhook_delivery AS s
     WHERE s.destination_id = d.destination_id AND s.asset_id = d.asset_id
+      AND s.queued IS NOT FALSE
       AND s.state <> 'succeeded' AND s.closed_reason IS NULL
       AND (s.created_at, coalesce(s.emit_seq, 0), s.delivery_id)
           > (d.created_at, coalesce(d.emit_seq, 0), d.delivery_id)

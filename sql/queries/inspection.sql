@@ -19,7 +19,8 @@ FROM webhook_delivery AS d
 JOIN webhook_destination AS w ON w.destination_id = d.destination_id
 -- On an ordered destination: the head of the asset's queue, when it is an earlier delivery; on
 -- a coalescing one, an earlier one of the same type in flight (what media_hooks_held_by_v2
--- holds this one behind; index webhook_delivery_asset_queue).
+-- holds this one behind; index webhook_delivery_queue: such a destination's deliveries are
+-- queued, migration 0029).
 LEFT JOIN LATERAL (
     SELECT e.delivery_id, e.state
     FROM webhook_delivery AS e
@@ -28,6 +29,7 @@ LEFT JOIN LATERAL (
            OR (w.coalescing = 'asset' AND e.event_type = d.event_type
                AND e.state IN ('enqueued', 'leased')))
       AND e.destination_id = d.destination_id AND e.asset_id = d.asset_id
+      AND e.queued IS NOT FALSE
       AND e.state <> 'succeeded' AND e.closed_reason IS NULL
       AND (e.created_at, coalesce(e.emit_seq, 0), e.delivery_id)
           < (d.created_at, coalesce(d.emit_seq, 0), d.delivery_id)
@@ -42,6 +44,7 @@ LEFT JOIN LATERAL (
     WHERE w.coalescing = 'asset' AND d.state = 'pending'
       AND n.destination_id = d.destination_id AND n.asset_id = d.asset_id
       AND n.event_type = d.event_type
+      AND n.queued IS NOT FALSE
       AND n.state <> 'succeeded' AND n.closed_reason IS NULL
       AND (n.created_at, coalesce(n.emit_seq, 0), n.delivery_id)
           > (d.created_at, coalesce(d.emit_seq, 0), d.delivery_id)

@@ -116,7 +116,7 @@ FROM (SELECT 1) AS one LEFT JOIN last ON true;
 --   media_hooks_held_by_v2).
 -- keeps: invariant 3 (the delivery ends terminal, with its reason), invariant 1 (nothing is
 --   sent under another id). Each newer look-up reads one asset's open queue
---   (webhook_delivery_asset_queue).
+--   (webhook_delivery_queue: a coalescing destination's deliveries are queued, migration 0029).
 WITH stale AS (
     SELECT o.delivery_id, newest.delivery_id AS superseded_by
     FROM webhook_destination AS w
@@ -125,6 +125,7 @@ WITH stale AS (
         SELECT n.delivery_id
         FROM webhook_delivery AS n
         WHERE n.destination_id = o.destination_id AND n.asset_id = o.asset_id
+          AND n.queued IS NOT FALSE
           AND n.state <> 'succeeded' AND n.closed_reason IS NULL
           AND n.event_type = o.event_type
           AND (n.created_at, coalesce(n.emit_seq, 0), n.delivery_id)

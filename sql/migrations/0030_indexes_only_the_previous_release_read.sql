@@ -1,7 +1,10 @@
 -- migrate: no-transaction
 -- migrate: contract
--- Two indexes that only the releases before this one read go (about 150 bytes of WAL a
--- delivery: each entry of theirs was written at emit, at every retry and at every attempt).
+-- 0030: three indexes that only the releases before this one read go (about 650 bytes of WAL
+-- a delivery on a destination that neither orders nor coalesces, 160 on one that does).
+--
+-- webhook_delivery_asset_queue: every open delivery's asset queue. This release reads the
+-- queues of the destinations that order or coalesce through webhook_delivery_queue (0029).
 --
 -- webhook_delivery_due (next_attempt_at, delivery_id) WHERE state = 'pending': every due
 -- delivery of every destination in one order, read by status's oldest-due figures and by the
@@ -17,6 +20,8 @@
 -- before it is connected (each session names its release in application_name), and this
 -- release runs with it pending meanwhile. Dropped CONCURRENTLY: no lock a producer or a
 -- worker waits on.
+DROP INDEX CONCURRENTLY IF EXISTS webhook_delivery_asset_queue;
+
 DROP INDEX CONCURRENTLY IF EXISTS webhook_delivery_due;
 
 DROP INDEX CONCURRENTLY IF EXISTS delivery_attempt_started;

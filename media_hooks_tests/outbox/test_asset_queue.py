@@ -148,46 +148,56 @@ def test_a_backlog_queued_when_ordering_begins_goes_out_in_order(conn, database_
     assert checks.run(conn).holds
 
 
-def _emit_one(database_url: str, delivery_id: str) -> psycopg.Connection:
-    """An emit left in its producer's open transaction."""
-    producer = open_session(database_url)
-    emit(producer, Event("pub", "film", "rights.updated", {"n": 1}, delivery_id=delivery_id))
-    return producer
+def _emit_one(producer: psycopg.Connection, n: int) -> None:
+    emit(producer, Event("pub", "film", "rights.updated", {"n": n}, delivery_id=f"late-{n}"))
 
 
-def test_an_emit_in_flight_makes_the_destination_wait_then_is_queued(conn, database_url, settings):
+def _emit_bulk(producer: psycopg.Connection, n: int) -> None:
+    emit_many(producer, [Event("pub", "film", "rights.updated", {"n": n}, delivery_id=f"late-{n}")])
+
+
+def _emit_event(producer: psycopg.Connection, n: int) -> None:
+    emit_event(producer, FanOutEvent(f"ev-{n}", "film", "rights.updated", {"n": n}))
+
+
+EMITS = {"emit": _emit_one, "emit_many": _emit_bulk, "emit_event": _emit_event}
+
+
+@pytest.mark.parametrize("path", sorted(EMITS))
+def test_an_emit_in_flight_makes_the_destination_wait_then_is_queued(
+    conn, database_url, settings, path
+):
     """The emit has read the destination (not ordering) and not committed; turning ordering on
     waits for it on the destination's row, then queues its delivery."""
     add_destination(conn, "pub")
-    with _emit_one(database_url, "early") as producer, open_session(database_url) as operator:
+    with open_session(database_url) as producer, open_session(database_url) as operator:
+        EMITS[path](producer, 1)
         with in_background(
             lambda: _upsert(operator, settings, "pub", ordering="asset") or operator.commit()
         ) as change:
             wait_until_blocked(conn, operator.info.backend_pid)
             assert not change.done()
             producer.commit()
-    rows = conn.execute("SELECT delivery_id, queued FROM webhook_delivery").fetchall()
-    assert [(r["delivery_id"], r["queued"]) for r in rows] == [("early", True)]
+    assert _queued(conn) == {"pub": True}
     assert checks.run(conn).holds
 
 
+@pytest.mark.parametrize("path", sorted(EMITS))
 def test_a_destination_starting_to_order_makes_an_emit_wait_then_read_it_ordered(
-    conn, database_url, settings
+    conn, database_url, settings, path
 ):
     """Ordering turned on and not committed; an emit to the destination waits on its row, then
     reads it ordering and writes its delivery queued."""
     add_destination(conn, "pub")
     with open_session(database_url) as operator, open_session(database_url) as producer:
         _upsert(operator, settings, "pub", ordering="asset")
-        with in_background(
-            lambda: emit(producer, Event("pub", "film", "rights.updated", {}, delivery_id="late"))
-        ) as emitted:
+        with in_background(lambda: EMITS[path](producer, 2)) as emitted:
             wait_until_blocked(conn, producer.info.backend_pid)
             assert not emitted.done()
             operator.commit()
         producer.commit()
-    rows = conn.execute("SELECT delivery_id, queued FROM webhook_delivery").fetchall()
-    assert [(r["delivery_id"], r["queued"]) for r in rows] == [("late", True)]
+    assert _queued(conn) == {"pub": True}
+    assert conn.execute("SELECT count(*) AS n FROM webhook_delivery").fetchone()["n"] == 1
 
 
 def test_the_previous_releases_deliveries_count_as_queued(conn):

@@ -22,8 +22,13 @@ from psycopg.rows import dict_row
 T = TypeVar("T")
 
 
-def open_session(database_url: str, *, autocommit: bool = False) -> psycopg.Connection:
-    return psycopg.connect(database_url, autocommit=autocommit, row_factory=dict_row)
+def open_session(
+    database_url: str, *, autocommit: bool = False, application_name: str | None = None
+) -> psycopg.Connection:
+    """A session of its own; ``application_name`` names it as a program would (another
+    release of media_hooks, a report) in ``pg_stat_activity``."""
+    named = {} if application_name is None else {"application_name": application_name}
+    return psycopg.connect(database_url, autocommit=autocommit, row_factory=dict_row, **named)
 
 
 @contextmanager
@@ -70,9 +75,7 @@ def snapshot_held(
     """Another session left idle in an open transaction (its pid): a repeatable-read one that
     has read (it holds a snapshot), or with ``write`` a read-committed one that has written (it
     holds a transaction id). Either keeps vacuum from rows deleted or updated since."""
-    with psycopg.connect(
-        database_url, autocommit=True, application_name=application_name
-    ) as holder:
+    with open_session(database_url, autocommit=True, application_name=application_name) as holder:
         if write:
             holder.execute("BEGIN")
             holder.execute("SELECT txid_current()")

@@ -18,6 +18,25 @@ def analyzed(conn: psycopg.Connection, name: str, params: dict | None = None) ->
     return plan["Plan"]
 
 
+def through_index(
+    conn: psycopg.Connection, index: str, statement: str, params: tuple | None = None
+) -> list[dict]:
+    """The rows of ``statement`` read through ``index`` alone (no sequential or bitmap scan),
+    which must be valid: an index built concurrently must hold every row written meanwhile.
+    ``conn``: autocommit, dict rows."""
+    valid = conn.execute(
+        "SELECT indisvalid AS v FROM pg_index WHERE indexrelid = %s::regclass", (index,)
+    ).fetchone()
+    assert valid["v"], index
+    with conn.transaction(force_rollback=True):
+        conn.execute("SET LOCAL enable_seqscan = off")
+        conn.execute("SET LOCAL enable_bitmapscan = off")
+        plan = "\n".join(r["QUERY PLAN"] for r in conn.execute("EXPLAIN " + statement, params))
+        rows = conn.execute(statement, params).fetchall()
+    assert index in plan, plan
+    return rows
+
+
 def rows_read(plan: dict, relation: str) -> int:
     """Rows a plan's scans of ``relation`` fetched, the ones its filters removed included."""
     read = 0

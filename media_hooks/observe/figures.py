@@ -84,17 +84,12 @@ class ReleaseSessions:
     release: str
     roles: dict[str, int]
 
-    @property
-    def count(self) -> int:
-        return sum(self.roles.values())
-
     def describe(self) -> str:
         which = {"this": "this release", "earlier": "an earlier release"}.get(
             self.release, "a later release"
         )
-        named = f"g{self.generation}" if self.generation is not None else "generation unnamed"
         roles = ", ".join(f"{role} {n}" for role, n in self.roles.items())
-        return f"{which} ({named}): {roles}"
+        return f"{which} ({sessions.label(self.generation)}): {roles}"
 
 
 @dataclass(frozen=True)
@@ -248,7 +243,7 @@ def _oldest_snapshot(conn: psycopg.Connection, measured_at: datetime) -> Snapsho
 def _release(named: int | None, ours: int) -> str:
     if named == ours:
         return "this"
-    return "later" if named is not None and named > ours else "earlier"
+    return "earlier" if sessions.earlier(named, ours) else "later"
 
 
 def connected_sessions(conn: psycopg.Connection) -> tuple[ReleaseSessions, ...]:
@@ -256,7 +251,7 @@ def connected_sessions(conn: psycopg.Connection) -> tuple[ReleaseSessions, ...]:
     release's first, then the others by generation (unnamed first)."""
     ours = generation()
     found = sessions.connected(conn)
-    order = sorted(found, key=lambda g: (g != ours, -1 if g is None else g))
+    order = sorted(found, key=lambda g: (g != ours, sessions.oldest_first(g)))
     return tuple(
         ReleaseSessions(g, _release(g, ours), dict(sorted(found[g].items()))) for g in order
     )

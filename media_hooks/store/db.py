@@ -8,12 +8,12 @@ Roles. Every connection the project opens is for one role, and carries that role
 session settings: ``statement_timeout``, ``lock_timeout`` and
 ``idle_in_transaction_session_timeout`` (and ``application_name`` ``media_hooks:<role>:g<N>``, so
 an operator sees who is who in ``pg_stat_activity``: ``N`` is the release's schema generation,
-the version of its newest migration, which tells the releases of a rolling upgrade apart). One stuck session (an operator's open psql
-transaction, a hung client) then delays a statement of ours by at most the lock timeout, never
-indefinitely. The bounds come from ``MEDIA_HOOKS_LOCK_TIMEOUT_SECONDS`` (every role) and
-``MEDIA_HOOKS_STATEMENT_TIMEOUT_SECONDS`` scaled per role (``bounds``). A connection opened with
-``connect`` gets them at connect time; a pooled one when it is borrowed (``borrow``), since one
-pool serves several roles.
+the version of its newest migration, which tells the releases of a rolling upgrade apart). One
+stuck session (an operator's open psql transaction, a hung client) then delays a statement of
+ours by at most the lock timeout, never indefinitely. The bounds come from
+``MEDIA_HOOKS_LOCK_TIMEOUT_SECONDS`` (every role) and ``MEDIA_HOOKS_STATEMENT_TIMEOUT_SECONDS``
+scaled per role (``bounds``). A connection opened with ``connect`` gets them at connect time; a
+pooled one when it is borrowed (``borrow``), since one pool serves several roles.
 
 A statement that meets a lock or a timeout is an ordinary event: ``retrying`` runs it again with
 a growing, jittered pause, logging each retry, and gives up with ``DatabaseBusy``, one line, after

@@ -62,17 +62,32 @@ def connected(conn: psycopg.Connection) -> dict[int | None, dict[str, int]]:
     return found
 
 
+def earlier(generation: int | None, than: int) -> bool:
+    """Whether a release of ``generation`` predates migration ``than`` (one that named no
+    generation predates every one that does)."""
+    return generation is None or generation < than
+
+
+def oldest_first(generation: int | None) -> int:
+    """A sort key: releases from the oldest (unnamed) to the newest."""
+    return -1 if generation is None else generation
+
+
+def label(generation: int | None) -> str:
+    """``g27``, or ``generation unnamed``."""
+    return "generation unnamed" if generation is None else f"g{generation}"
+
+
 def before(
     found: dict[int | None, dict[str, int]], version: int
 ) -> dict[int | None, dict[str, int]]:
     """The sessions of ``found`` whose release does not know migration ``version``."""
-    return {g: roles for g, roles in found.items() if g is None or g < version}
+    return {g: roles for g, roles in found.items() if earlier(g, version)}
 
 
 def describe(found: dict[int | None, dict[str, int]]) -> str:
     """``found`` in words: ``worker 2 (generation unnamed); sweeps 1 (g27)``."""
-    parts = []
-    for g, roles in sorted(found.items(), key=lambda item: -1 if item[0] is None else item[0]):
-        named = "generation unnamed" if g is None else f"g{g}"
-        parts.append(", ".join(f"{role} {n}" for role, n in roles.items()) + f" ({named})")
-    return "; ".join(parts)
+    return "; ".join(
+        ", ".join(f"{role} {n}" for role, n in found[g].items()) + f" ({label(g)})"
+        for g in sorted(found, key=oldest_first)
+    )

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-import psycopg
 import pytest
 
 from media_hooks.observe import figures
 from media_hooks.store import sqlfiles
 from media_hooks_tests.conftest import run_cli
+from media_hooks_tests.interleaving import open_session
 from media_hooks_tests.operator_data import prepare
 
 
@@ -114,8 +114,8 @@ def test_status_shows_which_releases_are_connected(conn, database_url, cli_env):
     quiet = run_cli("status", env=cli_env)
     assert quiet.stdout.rstrip().endswith("connected: no other media_hooks session")
     with (
-        psycopg.connect(database_url, application_name="media_hooks:worker"),
-        psycopg.connect(database_url, application_name=f"media_hooks:worker:{ours}"),
+        open_session(database_url, application_name="media_hooks:worker"),
+        open_session(database_url, application_name=f"media_hooks:worker:{ours}"),
     ):
         text = run_cli("status", env=cli_env).stdout
         assert text.rstrip().endswith(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 
-import psycopg
 import pytest
 
 from media_hooks.observe import figures
@@ -20,7 +19,7 @@ from media_hooks_tests.factories import (
     claim_all,
     claim_and_publish,
 )
-from media_hooks_tests.interleaving import snapshot_held, wait_for
+from media_hooks_tests.interleaving import open_session, snapshot_held, wait_for
 from media_hooks_tests.plans import analyzed, rows_read
 
 
@@ -178,10 +177,6 @@ def test_the_oldest_snapshot_names_the_session_that_holds_vacuum_back(conn, data
     assert figures.measure(conn).oldest_snapshot is None
 
 
-def _session(url: str, name: str) -> psycopg.Connection:
-    return psycopg.connect(url, autocommit=True, application_name=name)
-
-
 def test_the_connected_releases_are_told_apart_by_their_sessions_names(
     conn, database_url, empty_database_url, settings
 ):
@@ -200,7 +195,7 @@ def test_the_connected_releases_are_told_apart_by_their_sessions_names(
             (database_url, "media_hooks:worker:nonsense"),
             (empty_database_url, f"media_hooks:worker:g{ours}"),
         ]:
-            stack.enter_context(_session(url, name))
+            stack.enter_context(open_session(url, autocommit=True, application_name=name))
         measured = figures.measure(conn)
         assert measured.sessions == (
             figures.ReleaseSessions(ours, "this", {"sweeps": 1, "worker": 2}),

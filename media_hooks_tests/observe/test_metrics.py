@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from media_hooks.observe.metrics import HistoryCounter, registry_for
 from media_hooks.store import db
-from media_hooks_tests.interleaving import wait_for
+from media_hooks_tests.interleaving import open_session, wait_for
 from media_hooks_tests.operator_data import prepare
 
 SUCCEEDED = ("media_hooks_deliveries", (("destination_id", "alpha"), ("state", "succeeded")))
@@ -57,7 +57,7 @@ def test_every_scrape_measures_afresh(conn, database_url):
 def test_the_connected_releases_are_gauges_by_release_generation_and_role(database_url):
     registry = registry_for(partial(db.connect, database_url, autocommit=True))
     assert not [key for key in samples(registry) if key[0] == "media_hooks_sessions"]
-    with psycopg.connect(database_url, application_name="media_hooks:worker"):
+    with open_session(database_url, application_name="media_hooks:worker"):
         sessions = {k: v for k, v in samples(registry).items() if k[0] == "media_hooks_sessions"}
     labels = (("generation", "unnamed"), ("release", "earlier"), ("role", "worker"))
     assert sessions == {("media_hooks_sessions", labels): 1}

@@ -17,6 +17,7 @@ from media_hooks.outbox.emit import Event, FanOutEvent, emit, emit_event, emit_m
 from media_hooks.store import db
 from media_hooks_tests.factories import add_deliveries, add_destination
 from media_hooks_tests.interleaving import in_background, open_session, wait_until_blocked
+from media_hooks_tests.plans import through_index
 from media_hooks_tests.queues import claimed, revisions_received, settle
 
 QUEUE = "webhook_delivery_queue"
@@ -32,18 +33,14 @@ def _queued(conn: psycopg.Connection) -> dict[str, bool | None]:
 
 def _in_queue_index(conn: psycopg.Connection, destination_id: str) -> int:
     """How many of a destination's deliveries webhook_delivery_queue holds, read through it."""
-    with conn.transaction(force_rollback=True):
-        conn.execute("SET LOCAL enable_seqscan = off")
-        conn.execute("SET LOCAL enable_bitmapscan = off")
-        statement = (
-            "SELECT count(*) AS n FROM webhook_delivery WHERE destination_id = %s"
-            " AND queued IS NOT FALSE AND state <> 'succeeded' AND closed_reason IS NULL"
-        )
-        plan = "\n".join(
-            r["QUERY PLAN"] for r in conn.execute("EXPLAIN " + statement, (destination_id,))
-        )
-        assert QUEUE in plan, plan
-        return conn.execute(statement, (destination_id,)).fetchone()["n"]
+    (row,) = through_index(
+        conn,
+        QUEUE,
+        "SELECT count(*) AS n FROM webhook_delivery WHERE destination_id = %s"
+        " AND queued IS NOT FALSE AND state <> 'succeeded' AND closed_reason IS NULL",
+        (destination_id,),
+    )
+    return row["n"]
 
 
 def _upsert(

@@ -21,7 +21,7 @@ from media_hooks.store import migrations, sessions, sqlfiles
 from media_hooks_tests.conftest import REPO, run_cli, run_cli_together
 from media_hooks_tests.factories import add_destination
 from media_hooks_tests.fingerprints import schema_fingerprint
-from media_hooks_tests.interleaving import wait_for
+from media_hooks_tests.interleaving import open_session, wait_for
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # A statement that defines a function, after the comment lines that may precede it.
@@ -460,7 +460,7 @@ FROM_CONTRACT = [m.name for m in sqlfiles.load_migrations() if m.version >= CONT
 
 
 def _named(url: str, application_name: str) -> psycopg.Connection:
-    return psycopg.connect(url, autocommit=True, application_name=application_name)
+    return open_session(url, autocommit=True, application_name=application_name)
 
 
 def _index_exists(conn: psycopg.Connection, name: str) -> bool:
@@ -469,9 +469,10 @@ def _index_exists(conn: psycopg.Connection, name: str) -> bool:
 
 def test_a_contract_migration_waits_while_a_release_before_it_is_connected(empty_database_url):
     """An earlier release's worker (named without a generation, as releases before 30 named
-    themselves) and one of generation 29 (one migration short) hold the contract migration back: it and what comes
-    after it stay pending, the schema counts as current for this release, and the report says
-    whose sessions it waits for. Sessions of this release and of other programs do not."""
+    themselves) and one of generation 29 (one migration short) hold the contract migration
+    back: it and what comes after it stay pending, the schema counts as current for this
+    release, and the report says whose sessions it waits for. Sessions of this release and of
+    other programs do not."""
     _at_version(empty_database_url, CONTRACT.version - 1)
     ours = sessions.session_name("worker")
     lines: list[str] = []

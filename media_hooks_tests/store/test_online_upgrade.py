@@ -33,6 +33,7 @@ from media_hooks.store import db, migrations, sqlfiles
 from media_hooks.store.sqlfiles import query
 from media_hooks_tests.factories import add_deliveries, add_destination
 from media_hooks_tests.interleaving import in_background, wait_for
+from media_hooks_tests.plans import through_index
 
 COUNT = 600
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -157,22 +158,6 @@ def test_an_update_goes_in_place_while_the_previous_release_delivers(
         _holds_when_current(conn)
 
 
-def _through_index(conn: psycopg.Connection, index: str, statement: str) -> list[dict]:
-    """The rows of ``statement`` read through ``index`` alone, which must be valid: an index
-    built concurrently while the run wrote must hold every row the run wrote."""
-    valid = conn.execute(
-        "SELECT indisvalid AS v FROM pg_index WHERE indexrelid = %s::regclass", (index,)
-    ).fetchone()
-    assert valid["v"], index
-    with conn.transaction(force_rollback=True):
-        conn.execute("SET LOCAL enable_seqscan = off")
-        conn.execute("SET LOCAL enable_bitmapscan = off")
-        plan = "\n".join(r["QUERY PLAN"] for r in conn.execute("EXPLAIN " + statement))
-        rows = conn.execute(statement).fetchall()
-    assert index in plan, plan
-    return rows
-
-
 def test_the_counts_index_is_swapped_while_the_previous_release_delivers(
     empty_database_url, settings
 ):
@@ -185,7 +170,7 @@ def test_the_counts_index_is_swapped_while_the_previous_release_delivers(
         indexes = _indexes(conn)
         assert "webhook_delivery_destination_state" not in indexes
         assert "webhook_delivery_succeeded_by_destination" in indexes
-        counted = _through_index(
+        counted = through_index(
             conn, "webhook_delivery_succeeded_by_destination", query("figures_succeeded_counts")
         )
         assert counted == [{"key": "cdn", "state": "succeeded", "n": COUNT}]
@@ -204,7 +189,7 @@ def test_the_run_index_is_narrowed_while_the_previous_release_delivers(
         indexes = _indexes(conn)
         assert {"dispatch_outbox_run", "delivery_attempt_run"}.isdisjoint(indexes)
         statement = "SELECT count(*) AS n FROM dispatch_outbox WHERE run_id = 'run-upgrade'"
-        (row,) = _through_index(conn, "dispatch_outbox_by_run", statement)
+        (row,) = through_index(conn, "dispatch_outbox_by_run", statement)
         counted = row["n"]
         assert counted == conn.execute("SELECT count(*) AS n FROM dispatch_outbox").fetchone()["n"]
         assert counted >= COUNT
@@ -413,7 +398,7 @@ def test_asset_queues_are_kept_where_they_are_read_while_the_previous_release_de
         assert _migrate_mid_run(conn, empty_database_url, settings, name).applied == [name]
         assert _count(conn, "webhook_delivery", "queued IS NOT NULL") == 0
         add_deliveries(conn, "cdn", 3, prefix="held", asset_id="film")
-        (row,) = _through_index(
+        (row,) = through_index(
             conn,
             "webhook_delivery_queue",
             "SELECT count(*) AS n FROM webhook_delivery WHERE destination_id = 'cdn'"

@@ -1,9 +1,10 @@
 /**
  * Connections in a role, with the bounds media_hooks/store/db.py gives every connection of that role
  * (statement_timeout, lock_timeout, idle_in_transaction_session_timeout as session settings,
- * application_name `media_hooks:<role>:g<generation>`, the generation being the newest migration's
- * version, as db.py names a session of the same release), and `retrying` for a statement that meets a lock or
- * a timeout (run again with a growing, jittered pause, then one line: DatabaseBusy).
+ * application_name `media_hooks:<role>:g<generation>`, the generation being the newest
+ * migration's version, as db.py names a session of the same release), and `retrying` for a
+ * statement that meets a lock or a timeout (run again with a growing, jittered pause, then one
+ * line: DatabaseBusy).
  */
 
 import pg from 'pg';

@@ -108,6 +108,8 @@ export function bind(name, values = {}) {
 }
 
 const CONTRACT = /^--\s*migrate:\s*contract\s*$/;
+/** A migration file's name, `NNNN_name.sql`, its version captured. */
+const MIGRATION_FILE = /^(\d{4})_[a-z0-9_]+\.sql$/;
 
 /**
  * Whether a migration's leading comment block marks it `-- migrate: contract` (sqlfiles.py):
@@ -132,7 +134,7 @@ export function isContract(text) {
 export function contractVersions(folder = MIGRATIONS_DIR) {
   return new Set(
     readdirSync(folder)
-      .filter((f) => /^\d{4}_[a-z0-9_]+\.sql$/.test(f) && isContract(readFileSync(join(folder, f), 'utf8')))
+      .filter((f) => MIGRATION_FILE.test(f) && isContract(readFileSync(join(folder, f), 'utf8')))
       .map((f) => Number(f.slice(0, 4))),
   );
 }
@@ -144,7 +146,7 @@ export function contractVersions(folder = MIGRATIONS_DIR) {
  */
 export function migrationVersions(folder = MIGRATIONS_DIR) {
   return readdirSync(folder)
-    .map((f) => /^(\d{4})_[a-z0-9_]+\.sql$/.exec(f))
+    .map((f) => MIGRATION_FILE.exec(f))
     .filter(Boolean)
     .map((m) => Number(m[1]))
     .sort((a, b) => a - b);

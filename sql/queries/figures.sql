@@ -78,7 +78,7 @@ SELECT
     -- due while that was invisible to its producer is not work a run can do: counted, it
     -- would start run after run behind a dead head). Per sendable destination, walks
     -- webhook_delivery_due_by_destination in order to its first eligible row, as the claim
-    -- does (migration 0029 dropped the index over every destination's due rows).
+    -- does (migration 0030 dropped the index over every destination's due rows).
     (SELECT min(first.next_attempt_at)
        FROM webhook_destination w
        CROSS JOIN LATERAL (

@@ -49,6 +49,7 @@ from bench.hot_path_prototype import (
 )
 from bench.scratch import Scratch, machine, postgres, server_url
 from bench.sustained_roles import own_wal_bytes
+from bench.wal import WalReader
 
 PART_SECONDS = 15
 AHEAD = 4  # partitions made ahead of now
@@ -291,12 +292,12 @@ def run(url: str, deliveries: int, args: argparse.Namespace) -> dict[str, Any]:
     boundaries = [deliveries * (k + 1) // WINDOWS for k in range(WINDOWS)]
     windows = []
     started = time.monotonic()
-    images = sustained.ImageReader.start(url)
+    reader = WalReader.start(url)
 
     def mark(terminal: int) -> dict[str, Any]:
         now = {"at": time.monotonic(), "terminal": terminal, "own_wal": dict(load.own_wal)}
         now.update(snapshot(conn))
-        now["images"] = None if images is None else images.mark(now["lsn"])
+        now["wal_read"] = None if reader is None else reader.mark(now["lsn"])
         return now
 
     try:
@@ -313,8 +314,8 @@ def run(url: str, deliveries: int, args: argparse.Namespace) -> dict[str, Any]:
         load.stop.set()
         for thread in threads:
             thread.join(timeout=60)
-        if images is not None:
-            images.stop()
+        if reader is not None:
+            reader.stop()
     return {
         "seconds": round(time.monotonic() - started, 1),
         "complete": len(windows) == WINDOWS,

@@ -12,7 +12,7 @@ outcomes (``--fail-percent`` of attempts retryable, until they succeed: due agai
 per delivery (``pg_current_wal_lsn``), and for each table its inserts, updates, HOT updates and
 deletes;
 where the server has pg_walinspect with ``pg_get_wal_block_info`` (PostgreSQL 16 and later),
-the WAL of each phase by relation.
+the WAL of each phase by relation and by kind of record (``bench.wal``).
 
 - ``current``: the project's migrated schema and its own statements (``emit_many``,
   ``claim_destination_page``, ``publish_messages``, ``lease_with_permits``, ``record_classified``,
@@ -40,6 +40,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from bench import wal
 from bench.scratch import Destination, Scratch, add_destinations, machine, postgres, server_url
 
 PAGE = 250
@@ -295,7 +296,7 @@ class Meter:
         self.conn = conn
         self.patterns = [f"{t}%" for t in tables]
         self.tables = tables
-        self.block_info = _has_block_info(conn)
+        self.block_info = wal.has_block_info(conn)
 
     def _counters(self) -> dict[str, dict[str, int]]:
         self.conn.execute("SELECT pg_stat_force_next_flush()")
@@ -315,7 +316,7 @@ class Meter:
         seconds = time.monotonic() - began
         after = self.conn.execute("SELECT pg_current_wal_insert_lsn() AS lsn").fetchone()["lsn"]
         after_counters = self._counters()
-        wal = self.conn.execute(
+        written = self.conn.execute(
             "SELECT pg_wal_lsn_diff(%s, %s)::bigint AS bytes", (after, before)
         ).fetchone()["bytes"]
         per_table = {}
@@ -336,43 +337,18 @@ class Meter:
             )
         found = {
             "seconds": round(seconds, 2),
-            "wal_bytes_per_delivery": round(wal / deliveries, 1),
+            "wal_bytes_per_delivery": round(written / deliveries, 1),
             "per_delivery": per_table,
         }
         if self.block_info:
-            found["wal_by_relation_per_delivery"] = self._by_relation(before, after, deliveries)
-        return found
-
-    def _by_relation(self, start: str, end: str, deliveries: int) -> dict[str, float]:
-        """WAL of the phase by relation: each record's length shared out over the blocks it
-        names (a record naming several relations counts once in all), with its full-page
-        images; records naming no block under '(none)'."""
-        rows = self.conn.execute(
-            """
-            WITH blocks AS (
-                SELECT b.relfilenode, b.record_length,
-                       count(*) OVER (PARTITION BY b.start_lsn) AS named
-                FROM pg_get_wal_block_info(%(start)s, %(end)s) AS b
+            kinds = wal.by_kind(self.conn, before, after)
+            found["wal_by_kind_per_delivery"] = wal.per_delivery(
+                {name: k["bytes"] for name, k in kinds.items()}, deliveries
             )
-            SELECT coalesce(c.relname, 'relfilenode ' || b.relfilenode) AS name,
-                   sum(b.record_length::numeric / b.named)::bigint AS bytes
-            FROM blocks AS b
-            LEFT JOIN pg_class AS c ON c.relfilenode = b.relfilenode
-            GROUP BY 1 ORDER BY 2 DESC
-            """,
-            {"start": start, "end": end},
-        ).fetchall()
-        return {r["name"]: round(r["bytes"] / deliveries, 1) for r in rows if r["bytes"]}
-
-
-def _has_block_info(conn: psycopg.Connection) -> bool:
-    try:
-        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-    except psycopg.Error:
-        return False
-    return bool(
-        conn.execute("SELECT 1 FROM pg_proc WHERE proname = 'pg_get_wal_block_info'").fetchone()
-    )
+            found["wal_by_relation_per_delivery"] = wal.per_delivery(
+                wal.by_relation(self.conn, before, after), deliveries
+            )
+        return found
 
 
 def _outcome(n: int, fail_percent: int) -> str:

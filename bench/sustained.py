@@ -60,6 +60,7 @@ from bench import processes, stats, sustained_history
 from bench.fast_receiver import fast_receiver
 from bench.scratch import RESULTS, Destination, Scratch, add_destinations, machine, postgres
 from bench.scratch import server_url as default_server_url
+from bench.wal import WalRead, WalReader, breakdown
 from media_hooks.observe import checks
 
 WINDOWS = 20
@@ -215,13 +216,6 @@ WAL = """
 SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS wal,
        pg_current_wal_flush_lsn()::text AS lsn, (SELECT wal_fpi FROM pg_stat_wal) AS fpi
 """
-# lsn: where the WAL is flushed to, the furthest pg_walinspect reads on PostgreSQL 15.
-# The bytes of the full-page images in a stretch of WAL (pg_walinspect, PostgreSQL 15 and later;
-# the stretch must still be on disk: a checkpoint may have recycled its start).
-FPI_BYTES = """
-SELECT coalesce(sum(fpi_size), 0)::bigint AS fpi_bytes
-FROM pg_get_wal_stats(%(start)s::pg_lsn, %(end)s::pg_lsn)
-"""
 STATES = "SELECT state, count(*) AS n FROM webhook_delivery GROUP BY state ORDER BY state"
 
 
@@ -237,74 +231,12 @@ def snapshot(conn: psycopg.Connection) -> dict[str, Any]:
     return {**wal_position(conn), "tables": {r["name"]: dict(r) for r in rows}}
 
 
-def _lsn(text: str) -> int:
-    high, low = text.split("/")
-    return int(high, 16) << 32 | int(low, 16)
-
-
-class ImageReader:
-    """The bytes of the full-page images in the WAL, read with pg_walinspect (a superuser's,
-    PostgreSQL 15 and later) every few seconds as the WAL is written: a window of a long run
-    writes more than ``max_wal_size``, and a checkpoint recycles WAL that was not read in time.
-    ``mark(lsn)`` reads up to ``lsn`` and returns the bytes read since the reader began and how
-    many stretches could not be read; two marks with the same count of lost stretches bound an
-    exact figure."""
-
-    EVERY_SECONDS = 10.0
-
-    def __init__(self, url: str) -> None:
-        self.conn = psycopg.connect(url, autocommit=True, row_factory=dict_row)
-        try:
-            self.conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-        except psycopg.Error:
-            self.conn.close()
-            raise
-        self.lsn = wal_position(self.conn)["lsn"]
-        self.read = 0
-        self.lost = 0
-        self._lock = threading.Lock()
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="image-reader", daemon=True)
-        self._thread.start()
-
-    @classmethod
-    def start(cls, url: str) -> ImageReader | None:
-        """A reader, or None where this session cannot read the WAL."""
-        try:
-            return cls(url)
-        except psycopg.Error:
-            return None
-
-    def mark(self, lsn: str) -> tuple[int, int]:
-        with self._lock:
-            if _lsn(lsn) > _lsn(self.lsn):
-                try:
-                    found = self.conn.execute(FPI_BYTES, {"start": self.lsn, "end": lsn})
-                    self.read += int(found.fetchone()["fpi_bytes"])
-                except psycopg.Error:
-                    self.lost += 1
-                self.lsn = lsn
-            return self.read, self.lost
-
-    def _run(self) -> None:
-        while not self._stopped.wait(self.EVERY_SECONDS):
-            with self._lock:
-                lsn = wal_position(self.conn)["lsn"]
-            self.mark(lsn)
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self._thread.join(timeout=30)
-        self.conn.close()
-
-
-def image_bytes(before: dict[str, Any], after: dict[str, Any]) -> int | None:
-    """The images' bytes between two marks (``images``: ImageReader.mark's), or None where the
-    reader could not read all of the stretch between them (or there is no reader)."""
-    if before.get("images") is None or after.get("images") is None:
+def wal_read(before: dict[str, Any], after: dict[str, Any]) -> WalRead | None:
+    """What the WAL reader read between two marks (``wal``: WalReader.mark's), or None where it
+    could not read all of the stretch between them (or there is no reader)."""
+    if before.get("wal_read") is None or after.get("wal_read") is None:
         return None
-    (read_then, lost_then), (read_now, lost_now) = before["images"], after["images"]
-    return read_now - read_then if lost_now == lost_then else None
+    return after["wal_read"].since(before["wal_read"])
 
 
 # Windows ---------------------------------------------------------------------------------------
@@ -317,7 +249,7 @@ class Windows:
 
     def __init__(self, url: str, total: int) -> None:
         self.conn = psycopg.connect(url, autocommit=True, row_factory=dict_row)
-        self.images = ImageReader.start(url)
+        self.reader = WalReader.start(url)
         self.boundaries = [total * (k + 1) // WINDOWS for k in range(WINDOWS)]
         self.started = time.monotonic()
         self.closed: list[dict[str, Any]] = []
@@ -376,7 +308,7 @@ class Windows:
     def _mark(self, at: float) -> dict[str, Any]:
         mark = {"at": at, "terminal": self.terminal, "own_wal": dict(self.own_wal)}
         mark.update(snapshot(self.conn))
-        mark["images"] = None if self.images is None else self.images.mark(mark["lsn"])
+        mark["wal_read"] = None if self.reader is None else self.reader.mark(mark["lsn"])
         return mark
 
     def _close(self, at: float) -> None:
@@ -390,8 +322,8 @@ class Windows:
             self.done.set()
 
     def close(self) -> None:
-        if self.images is not None:
-            self.images.stop()
+        if self.reader is not None:
+            self.reader.stop()
         self.conn.close()
 
 
@@ -617,10 +549,10 @@ def full_page_images(
     after a checkpoint logs the whole page), and their bytes where the WAL could be read."""
     if not deliveries:
         return {"fpi_per_delivery": None, "fpi_bytes_per_delivery": None}
-    written = image_bytes(before, after)
+    read = wal_read(before, after)
     return {
         "fpi_per_delivery": round((after["fpi"] - before["fpi"]) / deliveries, 3),
-        "fpi_bytes_per_delivery": None if written is None else round(written / deliveries, 1),
+        "fpi_bytes_per_delivery": None if read is None else round(read.images / deliveries, 1),
     }
 
 
@@ -638,6 +570,7 @@ def totals_over(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
     return {
         **wal_split(wal, deliveries, first, last),
         **full_page_images(deliveries, first, last),
+        **breakdown(wal_read(first, last), deliveries),
         "deliveries": deliveries,
         "wal_bytes": wal,
         "wal_bytes_per_delivery": round(wal / deliveries, 1) if deliveries else None,

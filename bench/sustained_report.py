@@ -212,6 +212,7 @@ def render(document: Document) -> str:
         f"(the first change of a page after a checkpoint): {_number(totals.get('fpi_per_delivery'))}"
         f" per delivery, {_number(_fpi_bytes(windows))} bytes per delivery in the windows "
         "whose WAL could be read.",
+        *_wal_breakdown(totals),
         "## Windows (5% of the run each)",
         _table(
             [
@@ -266,6 +267,31 @@ def render(document: Document) -> str:
         ]
     parts += [f"![{name}]({file})" for name, file in document.get("plots", {}).items()]
     return "\n\n".join(parts) + "\n"
+
+
+# The breakdown's tables show this many lines each; the JSON has every one.
+BREAKDOWN_LINES = 15
+
+
+def _wal_breakdown(totals: dict[str, Any]) -> list[str]:
+    """The whole run's WAL per delivery by kind of record and by relation, all writers
+    together (read with pg_walinspect; by relation on PostgreSQL 16 and later)."""
+    parts = []
+    for key, what in (
+        ("wal_by_kind_per_delivery", "kind of record"),
+        (
+            "wal_by_relation_per_delivery",
+            "relation (records that name none, commits among them, left out)",
+        ),
+    ):
+        found = totals.get(key) or {}
+        if found:
+            lines = list(found.items())[:BREAKDOWN_LINES]
+            parts += [
+                f"All of the WAL by {what}, bytes per delivery:",
+                _table(["", "B/delivery"], [[f"`{name}`", _number(v)] for name, v in lines]),
+            ]
+    return parts
 
 
 def _fpi_bytes(windows: list[dict[str, Any]]) -> float | None:

@@ -55,6 +55,17 @@ def test_ci_size_runs_every_window_under_load_and_writes_its_report(
     # And read from the WAL (a superuser's session on a server with pg_walinspect, as both test
     # servers are), where a checkpoint has not recycled the window's WAL before it was read.
     assert sum(w["fpi_bytes_per_delivery"] is not None for w in windows) >= 15
+    # What the WAL is made of: by kind of record (the producer's inserts, the engine's
+    # updates, every transaction's commit) and, from PostgreSQL 16 on, by relation.
+    totals = document["totals"]
+    kinds = totals["wal_by_kind_per_delivery"]
+    if kinds:  # empty where a checkpoint recycled a stretch before it was read
+        for kind in ("Heap/INSERT", "Heap/UPDATE", "Transaction/COMMIT"):
+            assert kinds.get(kind, 0) > 0, (kind, kinds)
+        assert sum(kinds.values()) <= totals["wal_bytes_per_delivery"] * 1.02
+        if int(document["postgres"]["version"].split(".")[0]) >= 16:
+            relations = totals["wal_by_relation_per_delivery"]
+            assert relations.get("webhook_delivery", 0) > 0, relations
     # The producer kept emitting to the end: no window drained a backlog without load.
     assert windows[-1]["emitted_so_far"] > windows[-1]["deliveries_done"]
     # Every kind of statement was timed.
@@ -70,7 +81,6 @@ def test_ci_size_runs_every_window_under_load_and_writes_its_report(
     purged = {k: sum(w["purged"][k] for w in windows) for k in windows[0]["purged"]}
     assert purged["deliveries"] > 0 and purged["attempts"] > 0 and purged["outbox_rows"] > 0
     assert sum(w["tables"]["webhook_delivery"]["deletes"] for w in windows) > 0
-    totals = document["totals"]
     assert totals["wal_bytes_per_delivery"] > 0
     # Each delivery moves its row at least three times (claim, lease, record). The counters
     # come from pg_stat_user_tables, which a busy backend flushes up to a second late, so a
@@ -86,6 +96,8 @@ def test_ci_size_runs_every_window_under_load_and_writes_its_report(
     assert summary.startswith("# Sustained load: ci")
     for heading in ("## Targets (issue 34)", "## Windows (5% of the run each)", "## Whole run"):
         assert heading in summary, heading
+    if kinds:
+        assert "All of the WAL by kind of record, bytes per delivery:" in summary
     assert summary.count("| met") + summary.count("| **not met**") >= 5
     assert len(document["plots"]) >= 8
     for filename in document["plots"].values():

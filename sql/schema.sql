@@ -33,7 +33,6 @@ CREATE TABLE delivery_attempt (
     retry_reason text,
     CONSTRAINT attempt_outcome_class CHECK ((outcome = ANY (ARRAY['success'::text, 'rate_limited'::text, 'retryable'::text, 'ambiguous'::text, 'rejected'::text]))),
     CONSTRAINT delivery_attempt_attempt_no_check CHECK ((attempt_no >= 1)),
-    CONSTRAINT delivery_attempt_delivery_id_fkey FOREIGN KEY (delivery_id) REFERENCES webhook_delivery(delivery_id),
     CONSTRAINT delivery_attempt_pkey PRIMARY KEY (delivery_id, attempt_no)
 ) WITH (fillfactor=50);
 
@@ -329,7 +328,7 @@ CREATE TRIGGER dispatch_outbox_insert INSTEAD OF INSERT ON public.dispatch_outbo
 
 CREATE TRIGGER dispatch_outbox_update INSTEAD OF UPDATE ON public.dispatch_outbox FOR EACH ROW EXECUTE FUNCTION media_hooks_outbox_update_v1();
 
-CREATE TRIGGER webhook_delivery_immutable BEFORE UPDATE OF delivery_id, destination_id, asset_id, event_type, payload, body, created_at ON public.webhook_delivery FOR EACH ROW EXECUTE FUNCTION media_hooks_delivery_is_immutable();
+CREATE TRIGGER webhook_delivery_immutable AFTER UPDATE OF delivery_id, destination_id, asset_id, event_type, payload, body, created_at ON public.webhook_delivery FOR EACH ROW EXECUTE FUNCTION media_hooks_delivery_is_immutable();
 
 CREATE TRIGGER webhook_delivery_release_queue_head AFTER UPDATE OF state, closed_reason ON public.webhook_delivery FOR EACH ROW WHEN ((((new.state = 'succeeded'::text) AND (old.state <> 'succeeded'::text)) OR ((new.closed_reason IS NOT NULL) AND (old.closed_reason IS NULL)))) EXECUTE FUNCTION media_hooks_release_queue_head_v1();
 
@@ -1193,7 +1192,6 @@ BEGIN
                                 random())
                    END AS delay
         ) AS wait
-        FOR UPDATE OF d
     ),
     moved AS (
         UPDATE webhook_delivery AS d

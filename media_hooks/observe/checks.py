@@ -77,6 +77,11 @@ CHECKS = (
         "an enqueued delivery has a committed outbox row for its current dispatch (invariant 3)",
     ),
     Check(
+        "attempt_without_delivery",
+        "every attempt belongs to a delivery that still has its row: the purge deletes them "
+        "together (invariant 9)",
+    ),
+    Check(
         "sent_out_of_order",
         "on a destination that orders by asset, nothing is dispatched while an earlier delivery "
         "of its asset is not terminal, since it began ordering (invariant 10)",

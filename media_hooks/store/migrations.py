@@ -388,10 +388,17 @@ def require_current(conn: psycopg.Connection) -> list[str]:
     deferred = []
     while pending and pending[-1].contract and applied:
         deferred.insert(0, pending.pop().name)
-    missing = [m.name for m in pending]
-    if missing:
-        what = (
-            "no media_hooks schema" if not applied else f"pending migrations ({', '.join(missing)})"
+    if not pending:
+        return deferred
+    if not applied:
+        raise RuntimeFailure("the database has no media_hooks schema: run `media-hooks db migrate`")
+    fix = "run `media-hooks db migrate`"
+    held = next((m for m in pending if m.contract), None)
+    if held is not None:
+        # This release's own migrations come after a contract migration still waiting.
+        fix += (
+            f", which applies {held.name} and those after it once no session of a release "
+            "before it is connected"
         )
-        raise RuntimeFailure(f"the database has {what}: run `media-hooks db migrate`")
-    return deferred
+    names = ", ".join(m.name for m in pending)
+    raise RuntimeFailure(f"the database has pending migrations ({names}): {fix}")

@@ -12,7 +12,6 @@ import signal
 
 import psycopg
 import pytest
-from psycopg.rows import dict_row
 
 from media_hooks.devtools.receiver import ReceivedRequest, Receiver, Reply, by_attempt
 from media_hooks.engine.delivery_run import deliver_due
@@ -175,18 +174,20 @@ def test_a_password_never_appears_in_its_error(node, node_env):
     assert "hunter2" not in done.stderr and "u:***@127.0.0.1:9" in done.stderr
 
 
-def test_a_schema_short_of_its_contract_migrations_is_current_for_it(
+def test_its_own_migrations_behind_a_waiting_contract_migration_are_awaited(
     node, node_env, empty_database_url
 ):
-    """During a rollout the contract migrations wait for the previous release to go; the Node
-    worker of this release runs meanwhile, as the Python runtime does."""
+    """During a rollout a contract migration waits for the release before it to go, and with it
+    the migrations after it: this release has one, so its Node worker does not run yet and
+    says why, in the Python runtime's words. (A release whose migrations end with contract
+    migrations runs meanwhile: node/test/db.test.js.)"""
     contract = next(m for m in sqlfiles.load_migrations() if m.contract)
-    with psycopg.connect(empty_database_url, autocommit=True, row_factory=dict_row) as conn:
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
         migrations.migrate(conn, up_to=contract.version - 1)
-        with Receiver() as receiver:
-            add_destination(conn, "cdn", url=receiver.url)
-            add_deliveries(conn, "cdn", 3)
-            env = dict(node_env, MEDIA_HOOKS_DATABASE_URL=empty_database_url)
-            report = worker_report(run_worker(node, "cdn", "--json", env=env, timeout=60))
-        assert report["destinations"]["cdn"]["succeeded"] == 3
-        assert states(conn) == {"succeeded": 3}
+    env = dict(node_env, MEDIA_HOOKS_DATABASE_URL=empty_database_url)
+    done = run_worker(node, "cdn", env=env, timeout=60)
+    assert done.returncode == 1
+    assert (
+        f"applies {contract.version:04d} and those after it once no session of a release "
+        "before it is connected" in done.stderr
+    ), done.stderr

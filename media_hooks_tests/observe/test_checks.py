@@ -144,6 +144,13 @@ BREAKS = {
         "DELETE FROM dispatch_outbox WHERE message_id = 'e-pub-2:1'",
         "e-pub-2",
     ),
+    # A delivery deleted by hand with its outbox rows and not its attempt (the purge deletes
+    # them together; no foreign key refuses it since migration 0031).
+    "attempt_without_delivery": (
+        "DELETE FROM dispatch_outbox WHERE delivery_id = 'd-pub-1';"
+        " DELETE FROM webhook_delivery WHERE delivery_id = 'd-pub-1'",
+        "d-pub-1#1",
+    ),
     "permits_past_hold": (
         "UPDATE destination_limiter SET slot_until[1] = now() + interval '1 day'",
         "pub#1",

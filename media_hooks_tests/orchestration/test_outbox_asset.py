@@ -99,7 +99,7 @@ def test_the_sensor_evaluates_every_check_without_a_run(own_instance, database_u
     assert result.run_requests == []
     # The sensor's page shows each tick's cursor: what fails, in words.
     assert result.cursor.startswith(
-        "1 of 18 outbox checks fail: delivery_without_identity (ERROR): 1 row(s) break it "
+        "1 of 19 outbox checks fail: delivery_without_identity (ERROR): 1 row(s) break it "
         "(d-pub-2): every delivery holds its identity row (invariant 8)"
     )
 

@@ -11,7 +11,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
 import psycopg
 import pytest
@@ -459,6 +462,38 @@ CONTRACT = next(m for m in sqlfiles.load_migrations() if m.contract)
 FROM_CONTRACT = [m.name for m in sqlfiles.load_migrations() if m.version >= CONTRACT.version]
 
 
+@contextmanager
+def _release_of(last: sqlfiles.Migration) -> Iterator[None]:
+    """This process as the release whose newest migration is ``last``."""
+    files = [m for m in sqlfiles.load_migrations() if m.version <= last.version]
+    with mock.patch.object(migrations, "migration_files", lambda: files):
+        yield
+
+
+# `media-hooks` as the release whose newest migration is the version given after the program.
+RELEASE_OF = """
+import sys
+from media_hooks.store import sqlfiles
+load, last = sqlfiles.load_migrations, int(sys.argv.pop(1))
+sqlfiles.load_migrations = lambda: [m for m in load() if m.version <= last]
+from media_hooks.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _run_as_release_of(
+    last: sqlfiles.Migration, *args: str, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", RELEASE_OF, str(last.version), *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def _named(url: str, application_name: str) -> psycopg.Connection:
     return open_session(url, autocommit=True, application_name=application_name)
 
@@ -470,9 +505,10 @@ def _index_exists(conn: psycopg.Connection, name: str) -> bool:
 def test_a_contract_migration_waits_while_a_release_before_it_is_connected(empty_database_url):
     """An earlier release's worker (named without a generation, as releases before 30 named
     themselves) and one of generation 29 (one migration short) hold the contract migration
-    back: it and what comes after it stay pending, the schema counts as current for this
-    release, and the report says whose sessions it waits for. Sessions of this release and of
-    other programs do not."""
+    back: it and what comes after it stay pending, and the report says whose sessions it waits
+    for. Sessions of this release and of other programs do not. The release whose migrations
+    end with it runs meanwhile; a later one, with a migration of its own after it, waits for
+    it and says so."""
     _at_version(empty_database_url, CONTRACT.version - 1)
     ours = sessions.session_name("worker")
     lines: list[str] = []
@@ -491,7 +527,10 @@ def test_a_contract_migration_waits_while_a_release_before_it_is_connected(empty
         (line,) = lines
         assert line.startswith(f"{CONTRACT.name} removes what releases before it use")
         assert result.waiting_for in line and "--previous-release-gone" in line
-        assert migrations.require_current(conn) == FROM_CONTRACT
+        with _release_of(CONTRACT):
+            assert migrations.require_current(conn) == [CONTRACT.name]
+        with pytest.raises(RuntimeFailure, match=f"applies {CONTRACT.name} and those after"):
+            migrations.require_current(conn)
         assert _index_exists(conn, "webhook_delivery_due")
         # One of them gone, the other still holds it.
         unnamed.close()
@@ -515,18 +554,22 @@ def test_the_operator_can_say_the_previous_release_is_gone(empty_database_url, c
             f"gone: {', '.join(FROM_CONTRACT)}\n"
         )
         assert "worker 1 (generation unnamed)" in held.stderr
-        status = run_cli("db", "status", "--json", env=env)
+        # The release that brought the contract migration runs meanwhile: its commands find the
+        # schema current, and status says what waits and for whom.
+        status = _run_as_release_of(CONTRACT, "db", "status", "--json", env=env)
         assert status.returncode == 0, status.stderr
         assert f"{CONTRACT.name} waits for the releases before it" in status.stdout
-        # This release runs meanwhile: its commands find the schema current, and status says
-        # what waits and for whom.
-        shown = run_cli("status", env=env)
+        shown = _run_as_release_of(CONTRACT, "status", env=env)
         assert shown.returncode == 0, shown.stderr
         assert shown.stdout.rstrip().endswith(
             "an earlier release (generation unnamed): worker 1\n"
-            f"contract migrations pending: {', '.join(FROM_CONTRACT)}; `media-hooks db migrate` "
+            f"contract migrations pending: {CONTRACT.name}; `media-hooks db migrate` "
             "applies them once the earlier release has gone"
         )
+        # A release with a migration of its own after it waits for it, and says why.
+        refused = run_cli("status", env=env)
+        assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+        assert f"applies {CONTRACT.name} and those after it once no session" in refused.stderr
         forced = run_cli("db", "migrate", "--previous-release-gone", "--json", env=env)
     assert forced.returncode == 0, forced.stderr
     document = json.loads(forced.stdout)

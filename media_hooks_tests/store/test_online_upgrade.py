@@ -407,3 +407,33 @@ def test_asset_queues_are_kept_where_they_are_read_while_the_previous_release_de
         )
         assert row["n"] == 3
         _holds_when_current(conn)
+
+
+def test_moves_stop_locking_their_rows_twice_while_the_previous_release_delivers(
+    empty_database_url, settings
+):
+    """0031 applied mid-run (the trigger swapped and the attempts' key dropped under the
+    run's leases and records, the recording function replaced while it is called): the run
+    delivers each delivery once and `check` holds; the identity columns are still refused, now
+    after the update, and the recording function reads its rows without a lock."""
+    name = "0031_moves_without_extra_row_locks.sql"
+    with psycopg.connect(empty_database_url, autocommit=True, row_factory=dict_row) as conn:
+        assert _migrate_mid_run(conn, empty_database_url, settings, name).applied == [name]
+        timing = _one(
+            conn,
+            "SELECT CASE WHEN tgtype & 2 = 2 THEN 'before' ELSE 'after' END FROM pg_trigger"
+            " WHERE tgname = 'webhook_delivery_immutable'",
+        )
+        assert timing == "after"
+        keys = (
+            "SELECT count(*) FROM pg_constraint WHERE conname = 'delivery_attempt_delivery_id_fkey'"
+        )
+        assert _one(conn, keys) == 0
+        recording = "SELECT prosrc FROM pg_proc WHERE proname = 'media_hooks_record_outcomes_v1'"
+        assert "FOR UPDATE OF d" not in _one(conn, recording)
+        with pytest.raises(psycopg.errors.CheckViolation, match="is immutable"):
+            conn.execute(
+                "UPDATE webhook_delivery SET body = 'changed'::bytea"
+                " WHERE delivery_id = (SELECT min(delivery_id) FROM webhook_delivery)"
+            )
+        _holds_when_current(conn)

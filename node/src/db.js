@@ -194,15 +194,31 @@ export async function requireCurrent(client) {
     if (error?.code !== '42P01') throw error;
     applied = new Set();
   }
-  const missing = migrationVersions().filter((v) => !applied.has(v));
-  // Contract migrations still pending at the end: this release runs without them.
-  const contract = contractVersions();
+  const problem = schemaProblem(applied, migrationVersions(), contractVersions());
+  if (problem) throw new RuntimeFailure(problem);
+}
+
+/**
+ * What keeps this release from running on a schema with these migrations applied, or null: the
+ * migrations it lacks and the fix (migrations.require_current's words). Contract migrations
+ * still pending at the end are not lacking: this release runs without them.
+ * @param {Set<number>} applied
+ * @param {number[]} versions this release's migrations, in order
+ * @param {Set<number>} contract those of them that are contract migrations
+ */
+export function schemaProblem(applied, versions, contract) {
+  const migrationName = (v) => String(v).padStart(4, '0');
+  const missing = versions.filter((v) => !applied.has(v));
   while (applied.size && missing.length && contract.has(missing[missing.length - 1])) missing.pop();
-  if (!missing.length) return;
-  const what = applied.size
-    ? `pending migrations (${missing.map((v) => String(v).padStart(4, '0')).join(', ')})`
-    : 'no media_hooks schema';
-  throw new RuntimeFailure(`the database has ${what}: run \`media-hooks db migrate\``);
+  if (!missing.length) return null;
+  if (!applied.size) return 'the database has no media_hooks schema: run `media-hooks db migrate`';
+  let fix = 'run `media-hooks db migrate`';
+  const held = missing.find((v) => contract.has(v));
+  if (held !== undefined) {
+    // This release's own migrations come after a contract migration still waiting.
+    fix += `, which applies ${migrationName(held)} and those after it once no session of a release before it is connected`;
+  }
+  return `the database has pending migrations (${missing.map(migrationName).join(', ')}): ${fix}`;
 }
 
 /**

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { busyCause, connectionConfig, preciseSeconds, redact, sessionName, sessionSettings } from '../src/db.js';
+import { busyCause, connectionConfig, preciseSeconds, redact, schemaProblem, sessionName, sessionSettings } from '../src/db.js';
 import { migrationVersions } from '../src/statements.js';
 
 test("a worker's session carries its role's bounds, as media_hooks/store/db.py sets them", () => {
@@ -49,4 +49,20 @@ test('locks, timeouts and conflicts are retried; anything else is not', () => {
 test("a session names its role and this release's schema generation, as db.py's session_name does", () => {
   assert.equal(sessionName('worker'), `media_hooks:worker:g${Math.max(...migrationVersions())}`);
   assert.match(sessionName('sweeps'), /^media_hooks:sweeps:g\d+$/);
+});
+
+test('contract migrations pending at the end let this release run; one of its own behind them does not', () => {
+  const upTo = (n) => new Set(Array.from({ length: n }, (_, i) => i + 1));
+  const versions = Array.from({ length: 31 }, (_, i) => i + 1);
+  // A release whose migrations end with contract migrations runs while they wait.
+  assert.equal(schemaProblem(upTo(29), versions.slice(0, 30), new Set([30])), null);
+  assert.equal(schemaProblem(upTo(30), versions.slice(0, 30), new Set([30])), null);
+  // One that has a migration of its own after them waits for them, and says why.
+  assert.equal(
+    schemaProblem(upTo(29), versions, new Set([30])),
+    'the database has pending migrations (0030, 0031): run `media-hooks db migrate`, which applies 0030 ' +
+      'and those after it once no session of a release before it is connected',
+  );
+  assert.equal(schemaProblem(upTo(30), versions, new Set([30])), 'the database has pending migrations (0031): run `media-hooks db migrate`');
+  assert.equal(schemaProblem(new Set(), versions, new Set([30])), 'the database has no media_hooks schema: run `media-hooks db migrate`');
 });

@@ -196,6 +196,22 @@ WITH bad AS (
 SELECT count(*) AS violations, (array_agg(delivery_id ORDER BY delivery_id))[1:5] AS examples
 FROM bad;
 
+-- name: check_attempt_without_delivery
+-- description: attempts started in the window whose delivery has no row (delivery_attempt_destination
+--   by start, then the delivery's key). The purge deletes a delivery's attempts with it; since
+--   migration 0031 no foreign key refuses one left behind (its check locked the delivery's row
+--   again at every lease).
+-- keeps: invariant 9 (an attempt is the evidence of a send: it is read with its delivery).
+WITH bad AS (
+    SELECT a.delivery_id || '#' || a.attempt_no AS id
+    FROM delivery_attempt AS a
+    WHERE a.destination_id = ANY (ARRAY(SELECT destination_id FROM webhook_destination))
+      AND a.started_at >= %(since)s
+      AND NOT EXISTS (SELECT 1 FROM webhook_delivery AS d WHERE d.delivery_id = a.delivery_id)
+)
+SELECT count(*) AS violations, (array_agg(id ORDER BY id))[1:5] AS examples
+FROM bad;
+
 -- name: check_sent_out_of_order
 -- description: dispatched deliveries (enqueued or leased) of a destination that orders by asset
 --   while an earlier delivery of the same asset is not terminal or is dead without being closed

@@ -417,6 +417,36 @@ def test_a_sweep_and_a_takeover_interleaved_end_the_lease_once(conn, database_ur
     assert current["lease_token"] == second.lease_token and current["outcome"] is None
 
 
+def test_a_sweep_and_a_late_record_interleaved_end_the_lease_once(conn, database_url):
+    """The sweep (T1) ended the expired lease and holds its transaction; the late worker's
+    record (T2), begun meanwhile, waits for the row and then, the lease no longer its, moves
+    nothing and closes no attempt: attempt 1 stays as the sweep closed it. (The record reads its
+    rows without a lock since migration 0031: its update matches the token on the newest
+    version.)"""
+    (message,) = _dispatch(conn)
+    (late,) = lease_all(conn, "run-1", [message])
+    _expire(conn, message.delivery_id)
+
+    with (
+        open_session(database_url) as sweeper,
+        open_session(database_url, autocommit=True) as worker,
+    ):
+        assert sweeps.sweep_expired_leases(sweeper) == 1
+
+        def record() -> leases.Recorded:
+            return leases.record_classified(worker, [answer(late, "success", 200)])
+
+        with in_background(record) as recorded:
+            wait_until_blocked(conn, worker.info.backend_pid, recorded)
+            sweeper.commit()
+        assert recorded.result().states == {}
+
+    (attempt,) = _attempts(conn, message.delivery_id)
+    assert (attempt["outcome"], attempt["retry_reason"]) == ("ambiguous", "lease expiry")
+    row = delivery(conn, message.delivery_id)
+    assert (row["state"], row["lease_token"]) == ("pending", None)
+
+
 # Hole 4: requeue never makes an in-flight delivery sendable --------------------------------
 
 

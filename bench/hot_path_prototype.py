@@ -341,10 +341,8 @@ class Meter:
             "per_delivery": per_table,
         }
         if self.block_info:
-            kinds = wal.by_kind(self.conn, before, after)
-            found["wal_by_kind_per_delivery"] = wal.per_delivery(
-                {name: k["bytes"] for name, k in kinds.items()}, deliveries
-            )
+            kinds, _ = wal.by_kind(self.conn, before, after)
+            found["wal_by_kind_per_delivery"] = wal.per_delivery(kinds, deliveries)
             found["wal_by_relation_per_delivery"] = wal.per_delivery(
                 wal.by_relation(self.conn, before, after), deliveries
             )

@@ -212,6 +212,7 @@ FROM pg_stat_user_indexes AS i
 WHERE i.relname = ANY (%(tables)s)
 ORDER BY i.relname, i.indexrelname
 """
+# lsn: where the WAL is flushed to, the furthest pg_walinspect reads on PostgreSQL 15.
 WAL = """
 SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS wal,
        pg_current_wal_flush_lsn()::text AS lsn, (SELECT wal_fpi FROM pg_stat_wal) AS fpi
@@ -232,8 +233,8 @@ def snapshot(conn: psycopg.Connection) -> dict[str, Any]:
 
 
 def wal_read(before: dict[str, Any], after: dict[str, Any]) -> WalRead | None:
-    """What the WAL reader read between two marks (``wal``: WalReader.mark's), or None where it
-    could not read all of the stretch between them (or there is no reader)."""
+    """What the WAL reader read between two marks (``wal_read``: WalReader.mark's), or None
+    where it could not read all of the stretch between them (or there is no reader)."""
     if before.get("wal_read") is None or after.get("wal_read") is None:
         return None
     return after["wal_read"].since(before["wal_read"])

@@ -64,9 +64,10 @@ def has_block_info(conn: psycopg.Connection) -> bool:
     return found.fetchone() is not None
 
 
-def by_kind(conn: psycopg.Connection, start: str, end: str) -> dict[str, dict[str, int]]:
+def by_kind(conn: psycopg.Connection, start: str, end: str) -> tuple[dict[str, int], int]:
+    """The stretch's bytes by kind of record, and how many of them were full-page images."""
     rows = conn.execute(BY_KIND, {"start": start, "end": end}).fetchall()
-    return {r["kind"]: {"bytes": int(r["bytes"]), "fpi_bytes": int(r["fpi_bytes"])} for r in rows}
+    return {r["kind"]: int(r["bytes"]) for r in rows}, sum(int(r["fpi_bytes"]) for r in rows)
 
 
 def by_relation(conn: psycopg.Connection, start: str, end: str) -> dict[str, int]:
@@ -148,16 +149,16 @@ class WalReader:
 
     def _read(self, start: str, end: str) -> WalRead:
         try:
-            kinds = by_kind(self.conn, start, end)
+            kinds, images = by_kind(self.conn, start, end)
             relations = by_relation(self.conn, start, end) if self.block_info else {}
         except psycopg.Error:
             return WalRead(
                 self.read.images, self.read.lost + 1, self.read.kinds, self.read.relations
             )
         return WalRead(
-            self.read.images + sum(k["fpi_bytes"] for k in kinds.values()),
+            self.read.images + images,
             self.read.lost,
-            _plus(self.read.kinds, {name: k["bytes"] for name, k in kinds.items()}),
+            _plus(self.read.kinds, kinds),
             _plus(self.read.relations, relations),
         )
 

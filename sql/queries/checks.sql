@@ -216,9 +216,10 @@ FROM bad;
 -- description: dispatched deliveries (enqueued or leased) of a destination that orders by asset
 --   while an earlier delivery of the same asset is not terminal or is dead without being closed
 --   (webhook_delivery_enqueued and _lease, then the asset's queue, webhook_delivery_queue:
---   the rule of media_hooks_held_by_v2, migrations 0013 and 0029). A dispatch made (enqueued) or an attempt
---   started (leased) before ordering began on the destination (ordered_since, migration 0021)
---   is not counted: it cannot be recalled, and the lease hands back what it had not sent.
+--   the rule of media_hooks_held_by_v2, migrations 0013 and 0029). A dispatch made (enqueued)
+--   or an attempt started (leased) before ordering began on the destination (ordered_since,
+--   migration 0021) is not counted: it cannot be recalled, and the lease hands back what it had
+--   not sent.
 WITH bad AS (
     SELECT d.delivery_id
     FROM webhook_delivery AS d

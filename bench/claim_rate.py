@@ -12,7 +12,9 @@ At each page size, a destination's backlog claimed as a delivery run claims it:
 And ``sketch``: the design record's ``enqueue_due_page`` as written (a page selected FOR
 UPDATE SKIP LOCKED, then an INSERT and an UPDATE per row, page size 250), adapted only to
 name the columns our outbox's table has (since migration 0027 the body is read from the
-delivery, not stored with each dispatch, so the sketch's copy of it is left out too). And
+delivery, not stored with each dispatch, so the sketch's copy of it is left out too; since
+0032 a message id names its dispatch, ``delivery_id:1`` here, where the record hashed the id).
+And
 ``run_unanalyzed`` beside ``run_analyzed``: the claim, pages of 250, on a backlog whose
 statistics are those of the empty tables (its speed must not depend on ANALYZE having run).
 
@@ -24,7 +26,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from hashlib import sha256
 from typing import Any
 
 import psycopg
@@ -124,7 +125,9 @@ def sketch(url: str, page_size: int = SKETCH_PAGE) -> int:
             with conn.transaction():
                 rows = conn.execute(SKETCH_SELECT, [page_size]).fetchall()
                 for row in rows:
-                    message_id = sha256(f"webhook:{row['delivery_id']}".encode()).hexdigest()
+                    # The record hashed the delivery's id; the outbox holds a message id to
+                    # the dispatch it names (migration 0032), the first one here.
+                    message_id = f"{row['delivery_id']}:1"
                     conn.execute(
                         SKETCH_INSERT,
                         [message_id, row["delivery_id"], row["destination_id"], "sketch"],

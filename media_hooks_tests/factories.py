@@ -93,6 +93,30 @@ def add_deliveries(
     return [f"{prefix}-{i}" for i in range(1, count + 1)]
 
 
+def add_dispatches(
+    conn: psycopg.Connection, ids: list[str], *, run_id: str = "run-old", published: bool = True
+) -> None:
+    """The next dispatch of each delivery in ``ids``, counted and written as a claim does (its
+    message id ``delivery_id:n``), whatever the delivery's state."""
+    conn.execute(
+        """
+        WITH counted AS (
+            UPDATE webhook_delivery
+            SET dispatch_count = dispatch_count + 1,
+                current_message_id = delivery_id || ':' || (dispatch_count + 1)
+            WHERE delivery_id = ANY (%(ids)s)
+            RETURNING delivery_id, destination_id, dispatch_count, current_message_id
+        )
+        INSERT INTO dispatch_outbox_v2
+            (message_id, delivery_id, dispatch_no, destination_id, run_id, published_at)
+        SELECT current_message_id, delivery_id, dispatch_count, destination_id, %(run_id)s,
+               CASE WHEN %(published)s THEN now() END
+        FROM counted
+        """,
+        {"ids": ids, "run_id": run_id, "published": published},
+    )
+
+
 def delivery(conn: psycopg.Connection, delivery_id: str) -> dict:
     return conn.execute(
         "SELECT * FROM webhook_delivery WHERE delivery_id = %s", (delivery_id,)

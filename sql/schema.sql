@@ -119,9 +119,8 @@ CREATE TABLE dispatch_outbox_v2 (
     run_id text NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     published_at timestamp with time zone,
-    CONSTRAINT dispatch_outbox_v2_delivery_id_fkey FOREIGN KEY (delivery_id) REFERENCES webhook_delivery(delivery_id),
     CONSTRAINT dispatch_outbox_v2_dispatch_no_check CHECK ((dispatch_no >= 1)),
-    CONSTRAINT dispatch_outbox_v2_one_row_per_dispatch UNIQUE (delivery_id, dispatch_no),
+    CONSTRAINT dispatch_outbox_v2_message_id_names_dispatch CHECK ((message_id = ((delivery_id || ':'::text) || (dispatch_no)::text))),
     CONSTRAINT dispatch_outbox_v2_pkey PRIMARY KEY (message_id)
 ) WITH (fillfactor=50);
 
@@ -287,8 +286,6 @@ CREATE INDEX dispatch_outbox_by_run ON public.dispatch_outbox_v1 USING btree (ru
 CREATE UNIQUE INDEX dispatch_outbox_pkey ON public.dispatch_outbox_v1 USING btree (message_id);
 
 CREATE INDEX dispatch_outbox_v2_by_run ON public.dispatch_outbox_v2 USING btree (run_id);
-
-CREATE UNIQUE INDEX dispatch_outbox_v2_one_row_per_dispatch ON public.dispatch_outbox_v2 USING btree (delivery_id, dispatch_no);
 
 CREATE UNIQUE INDEX dispatch_outbox_v2_pkey ON public.dispatch_outbox_v2 USING btree (message_id);
 

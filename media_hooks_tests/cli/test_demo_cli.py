@@ -11,7 +11,7 @@ from psycopg import conninfo
 from media_hooks.cli import demo_commands
 from media_hooks.devtools import demo
 from media_hooks_tests.conftest import drop_database, run_cli
-from media_hooks_tests.factories import add_deliveries, add_destination
+from media_hooks_tests.factories import add_deliveries, add_destination, add_dispatches
 
 
 @pytest.fixture
@@ -120,13 +120,10 @@ def test_demo_runs_end_to_end_and_its_summary_matches_the_database(conn, demo_en
 def test_reset_removes_only_the_demos_own_data(conn):
     add_destination(conn, "demo-cdn")
     add_destination(conn, "kept")
-    add_deliveries(conn, "demo-cdn", 3)
+    demo_ids = add_deliveries(conn, "demo-cdn", 3)
     kept = add_deliveries(conn, "kept", 2)
-    conn.execute(
-        "INSERT INTO dispatch_outbox_v2 (message_id, delivery_id, dispatch_no, destination_id, "
-        "run_id) SELECT delivery_id || ':1', delivery_id, 1, destination_id, 'r' "
-        "FROM webhook_delivery"
-    )
+    add_dispatches(conn, [*demo_ids, *kept], published=False)
+    add_dispatches(conn, demo_ids[:1], published=False)
     removed = demo.reset(conn)
     assert removed == {"deliveries": 3, "destinations": 1}
     left = conn.execute("SELECT delivery_id FROM webhook_delivery ORDER BY 1").fetchall()

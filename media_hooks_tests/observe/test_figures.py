@@ -257,7 +257,7 @@ def test_each_figure_is_an_index_scan(conn, name):
     # Dispatches of killed runs, never published, whose deliveries went out later.
     conn.execute(
         "INSERT INTO dispatch_outbox_v2 (message_id, delivery_id, dispatch_no, destination_id, "
-        "run_id) SELECT delivery_id || ':0', delivery_id, 2, 'live', 'killed' "
+        "run_id) SELECT delivery_id || ':2', delivery_id, 2, 'live', 'killed' "
         "FROM webhook_delivery WHERE state = 'succeeded'"
     )
     conn.execute("VACUUM ANALYZE")

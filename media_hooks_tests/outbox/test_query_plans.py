@@ -153,6 +153,10 @@ STATEMENTS = {
     },
     # Read by every delivery run's summary and the outbox checks (media_hooks.observe.figures).
     "figures_oldest_due_by_destination": lambda: {"now": None},
+    # A delivery's dispatches by their message ids, through the outbox's two primary keys
+    # (migration 0032: no index by delivery_id).
+    "purge_terminal_batch": lambda: {"cutoff": "infinity", "batch_size": 1000},
+    "inspection_dispatches": lambda: {"delivery_id": "d-cdn-1"},
 }
 
 

@@ -31,7 +31,7 @@ from media_hooks.outbox.emit import Event, emit, emit_many
 from media_hooks.outbox.maintenance import retention
 from media_hooks.store import db, migrations, sqlfiles
 from media_hooks.store.sqlfiles import query
-from media_hooks_tests.factories import add_deliveries, add_destination
+from media_hooks_tests.factories import add_deliveries, add_destination, add_dispatches
 from media_hooks_tests.interleaving import in_background, wait_for
 from media_hooks_tests.plans import through_index
 
@@ -437,3 +437,42 @@ def test_moves_stop_locking_their_rows_twice_while_the_previous_release_delivers
                 " WHERE delivery_id = (SELECT min(delivery_id) FROM webhook_delivery)"
             )
         _holds_when_current(conn)
+
+
+def test_dispatches_are_found_by_their_message_ids_once_the_previous_release_has_gone(
+    empty_database_url, settings
+):
+    """0032 (a contract migration) applied while a run delivers: the outbox's second key and
+    its foreign key go, after the constraint that makes the primary key say one row per dispatch
+    is validated on the run's rows. A message id that does not name its dispatch is refused, a
+    dispatch written twice too, and the purge still takes every dispatch with its delivery."""
+    name = "0032_dispatches_found_by_their_message_ids.sql"
+    with psycopg.connect(empty_database_url, autocommit=True, row_factory=dict_row) as conn:
+        assert _migrate_mid_run(conn, empty_database_url, settings, name).applied == [name]
+        gone = {"dispatch_outbox_v2_one_row_per_dispatch", "dispatch_outbox_v2_delivery_id_fkey"}
+        constraints = {
+            r["conname"]
+            for r in conn.execute(
+                "SELECT conname FROM pg_constraint WHERE conrelid = 'dispatch_outbox_v2'::regclass"
+            )
+        }
+        assert gone.isdisjoint(constraints | _indexes(conn))
+        assert "dispatch_outbox_v2_message_id_names_dispatch" in constraints
+        dispatch = (
+            "INSERT INTO dispatch_outbox_v2 (message_id, delivery_id, dispatch_no,"
+            " destination_id, run_id) VALUES (%s, 'd-cdn-1', %s, 'cdn', 'r')"
+        )
+        with pytest.raises(psycopg.errors.CheckViolation, match="names_dispatch"):
+            conn.execute(dispatch, ("d-cdn-1:9", 2))
+        with pytest.raises(psycopg.errors.UniqueViolation, match="dispatch_outbox_v2_pkey"):
+            conn.execute(dispatch, ("d-cdn-1:1", 1))
+        # A second dispatch of some, as a retry's claim makes it.
+        add_dispatches(conn, [f"d-cdn-{n}" for n in range(1, 11)])
+        dispatches = _one(conn, "SELECT sum(dispatch_count)::int FROM webhook_delivery")
+        assert dispatches >= COUNT + 10 and _count(conn, "dispatch_outbox") == dispatches
+        purged = conn.execute(
+            query("purge_terminal_batch"), {"cutoff": "infinity", "batch_size": COUNT}
+        ).fetchone()
+        assert (purged["deliveries"], purged["outbox_rows"]) == (COUNT, dispatches)
+        assert _count(conn, "dispatch_outbox") == 0
+        assert checks.run(conn, checks.Options(full=True)).holds

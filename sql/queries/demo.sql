@@ -8,7 +8,7 @@
 --   Forgetting the identities lets a demo run record the same delivery ids again.
 --   Operator requeue headers stay: they may name other deliveries too.
 WITH doomed AS (
-    SELECT d.delivery_id
+    SELECT d.delivery_id, d.dispatch_count
     FROM webhook_delivery AS d
     WHERE starts_with(d.destination_id, %(prefix)s)
 ),
@@ -16,13 +16,18 @@ attempts AS (
     DELETE FROM delivery_attempt AS a
     WHERE a.delivery_id IN (SELECT delivery_id FROM doomed)
 ),
+-- A delivery's dispatches, by the outbox's primary key (migration 0032).
+dispatches AS (
+    SELECT d.delivery_id || ':' || n AS message_id
+    FROM doomed AS d, generate_series(1, d.dispatch_count) AS n
+),
 outbox AS (
     DELETE FROM dispatch_outbox_v2 AS o
-    WHERE o.delivery_id IN (SELECT delivery_id FROM doomed)
+    WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM dispatches))
 ),
 outbox_v1 AS (
     DELETE FROM dispatch_outbox_v1 AS o
-    WHERE o.delivery_id IN (SELECT delivery_id FROM doomed)
+    WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM dispatches))
 ),
 requeue_items AS (
     DELETE FROM delivery_requeue_item AS i

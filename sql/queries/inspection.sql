@@ -55,11 +55,15 @@ WHERE d.delivery_id = %(delivery_id)s;
 
 -- name: inspection_dispatches
 -- description: every outbox row of the delivery, one per dispatch, with the run that claimed
---   it (index one_row_per_dispatch).
-SELECT message_id, dispatch_no, run_id, created_at, published_at
-FROM dispatch_outbox
-WHERE delivery_id = %(delivery_id)s
-ORDER BY dispatch_no;
+--   it: its message ids delivery_id:1 to delivery_id:dispatch_count, by the outbox's primary key
+--   (migration 0032).
+SELECT o.message_id, o.dispatch_no, o.run_id, o.created_at, o.published_at
+FROM dispatch_outbox AS o
+WHERE o.message_id = ANY (ARRAY(
+    SELECT d.delivery_id || ':' || n
+    FROM webhook_delivery AS d, generate_series(1, d.dispatch_count) AS n
+    WHERE d.delivery_id = %(delivery_id)s))
+ORDER BY o.dispatch_no;
 
 -- name: inspection_attempts
 -- description: every HTTP attempt of the delivery, in order (primary key of delivery_attempt).

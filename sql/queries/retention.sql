@@ -13,7 +13,7 @@
 -- the update did not find are upserted: a row older code never wrote, and one written since
 -- this statement's snapshot, which the upsert's conflict finds.
 WITH victims AS (
-    SELECT delivery_id, destination_id, state, created_at
+    SELECT delivery_id, destination_id, state, created_at, dispatch_count
     FROM webhook_delivery
     WHERE state IN ('succeeded', 'dead')
       AND updated_at < %(cutoff)s
@@ -48,16 +48,22 @@ attempts AS (
     WHERE a.delivery_id = v.delivery_id
     RETURNING 1
 ),
--- The outbox's two tables (migration 0027), each by its (delivery_id, dispatch_no) key:
--- dispatch_outbox_v1 holds the dispatches written before it, until their deliveries expire.
+-- A delivery's dispatches are its message ids delivery_id:1 to delivery_id:dispatch_count (the
+-- claim numbers each one in the statement that counts it; migration 0032), looked up by the
+-- primary key of the outbox's two tables (migration 0027): dispatch_outbox_v1 holds the
+-- dispatches written before 0027, until their deliveries expire.
+dispatches AS (
+    SELECT v.delivery_id || ':' || n AS message_id
+    FROM victims AS v, generate_series(1, v.dispatch_count) AS n
+),
 outbox AS (
-    DELETE FROM dispatch_outbox_v2 o USING victims v
-    WHERE o.delivery_id = v.delivery_id
+    DELETE FROM dispatch_outbox_v2 AS o
+    WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM dispatches))
     RETURNING 1
 ),
 outbox_v1 AS (
-    DELETE FROM dispatch_outbox_v1 o USING victims v
-    WHERE o.delivery_id = v.delivery_id
+    DELETE FROM dispatch_outbox_v1 AS o
+    WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM dispatches))
     RETURNING 1
 ),
 deliveries AS (

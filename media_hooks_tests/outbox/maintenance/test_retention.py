@@ -8,7 +8,7 @@ from media_hooks.core.errors import UserError
 from media_hooks.outbox.emit import Event, emit, emit_many
 from media_hooks.outbox.maintenance import retention
 from media_hooks.store.sqlfiles import query
-from media_hooks_tests.factories import add_deliveries, add_destination
+from media_hooks_tests.factories import add_deliveries, add_destination, add_dispatches
 from media_hooks_tests.interleaving import in_background, open_session, wait_until_blocked
 
 DAY = 86400
@@ -16,12 +16,7 @@ DAY = 86400
 
 def _with_history(conn, ids: list[str]) -> None:
     """One outbox row and one attempt per delivery, as a delivery run leaves them."""
-    conn.execute(
-        "INSERT INTO dispatch_outbox_v2 (message_id, delivery_id, dispatch_no, destination_id, "
-        "run_id, published_at) SELECT d || ':1', d, 1, 'live', 'run-old', now() "
-        "FROM unnest(%s::text[]) AS d",
-        (ids,),
-    )
+    add_dispatches(conn, ids)
     conn.execute(
         "INSERT INTO delivery_attempt (delivery_id, attempt_no, destination_id, lease_token, "
         "finished_at, outcome) SELECT d, 1, 'live', gen_random_uuid(), now(), 'success' "

@@ -5,10 +5,18 @@ from __future__ import annotations
 import pytest
 
 from media_hooks.core.errors import UserError
+from media_hooks.outbox.cohort import Cohort
 from media_hooks.outbox.emit import Event, emit, emit_many
 from media_hooks.outbox.maintenance import retention
+from media_hooks.outbox.maintenance.requeue import requeue
 from media_hooks.store.sqlfiles import query
-from media_hooks_tests.factories import add_deliveries, add_destination, add_dispatches
+from media_hooks_tests.factories import (
+    add_deliveries,
+    add_destination,
+    add_dispatches,
+    claim_all,
+    delivery,
+)
 from media_hooks_tests.interleaving import in_background, open_session, wait_until_blocked
 
 DAY = 86400
@@ -177,6 +185,71 @@ def test_a_purge_racing_an_uncommitted_emit_of_a_legacy_id_keeps_one_identity(
     assert _count(conn, "webhook_delivery") == 0
     assert retention.is_tombstoned(conn, "race-2")
     assert emit(conn, event).inserted is False
+
+
+def _dead_and_old(conn, delivery_id: str) -> None:
+    conn.execute(
+        "UPDATE webhook_delivery SET state = 'dead', updated_at = now() - interval '40 days' "
+        "WHERE delivery_id = %s",
+        (delivery_id,),
+    )
+
+
+def _requeue(conn) -> int:
+    return requeue(conn, Cohort(("live",)), reason="publisher fixed", requested_by="ops").moved
+
+
+def test_a_requeue_waiting_on_the_purge_of_its_delivery_moves_nothing(conn, database_url):
+    """The purge (T1) deletes a dead delivery and its dispatches, found by their message ids
+    (migration 0032: no foreign key holds them to it); a requeue of it (T2) waits on T1's row
+    lock and, once T1 commits, finds nothing to move, so no claim can add a dispatch to it."""
+    add_destination(conn, "live", "http://127.0.0.1:9/live")
+    (dead,) = add_deliveries(conn, "live", 1, state="dead", age_seconds=40 * DAY)
+    add_dispatches(conn, [dead])
+    add_dispatches(conn, [dead])
+    _dead_and_old(conn, dead)
+    with (
+        open_session(database_url) as purger,
+        open_session(database_url, autocommit=True) as operator,
+    ):
+        row = purger.execute(
+            query("purge_terminal_batch"), {"cutoff": _cutoff(conn), "batch_size": 10}
+        ).fetchone()
+        assert (row["deliveries"], row["outbox_rows"]) == (1, 2)
+        with in_background(lambda: _requeue(operator)) as requeued:
+            wait_until_blocked(conn, operator.info.backend_pid, requeued)
+            purger.commit()
+        assert requeued.result() == 0
+    assert _count(conn, "webhook_delivery") == 0
+    assert _count(conn, "dispatch_outbox") == 0
+
+
+def test_a_purge_passes_a_delivery_being_requeued_and_later_takes_every_dispatch(
+    conn, database_url
+):
+    """The other order: the requeue (T2) holds the dead delivery, uncommitted; the purge (T1)
+    passes it by (SKIP LOCKED) without waiting. Claimed again and dead again, the delivery has
+    two dispatches, and the purge takes both with it: it counts them under its row lock."""
+    add_destination(conn, "live", "http://127.0.0.1:9/live")
+    (dead,) = add_deliveries(conn, "live", 1, state="dead", age_seconds=40 * DAY)
+    add_dispatches(conn, [dead])
+    _dead_and_old(conn, dead)
+    with open_session(database_url) as operator:
+        operator.execute("SELECT 1")  # its transaction open: the requeue is a savepoint in it
+        assert _requeue(operator) == 1
+        purged = conn.execute(
+            query("purge_terminal_batch"), {"cutoff": _cutoff(conn), "batch_size": 10}
+        ).fetchone()
+        assert purged["deliveries"] == 0
+        operator.commit()
+    claim_all(conn, "run-again", Cohort(("live",)))
+    assert delivery(conn, dead)["current_message_id"] == f"{dead}:2"
+    _dead_and_old(conn, dead)
+    purged = conn.execute(
+        query("purge_terminal_batch"), {"cutoff": _cutoff(conn), "batch_size": 10}
+    ).fetchone()
+    assert (purged["deliveries"], purged["outbox_rows"]) == (1, 2)
+    assert _count(conn, "dispatch_outbox") == 0
 
 
 def _cutoff(conn):

@@ -144,9 +144,7 @@ def test_an_emit_racing_the_purge_of_its_id_records_nothing(conn, database_url, 
         open_session(database_url) as purger,
         open_session(database_url, autocommit=True) as producer,
     ):
-        row = purger.execute(
-            query("purge_terminal_batch"), {"cutoff": _cutoff(conn), "batch_size": 10}
-        ).fetchone()
+        row = _purge(conn, purger)
         assert row["deliveries"] == 1  # T1 purged it and holds its transaction open
         with in_background(lambda: emit_path(producer, event)) as emitted:
             wait_until_blocked(conn, producer.info.backend_pid, emitted)
@@ -172,11 +170,7 @@ def test_a_purge_racing_an_uncommitted_emit_of_a_legacy_id_keeps_one_identity(
 
     with open_session(database_url) as producer, open_session(database_url) as purger:
         assert emit_path(producer, event) == 0  # the live row is there: nothing recorded
-        with in_background(
-            lambda: purger.execute(
-                query("purge_terminal_batch"), {"cutoff": _cutoff(conn), "batch_size": 10}
-            ).fetchone()
-        ) as purged:
+        with in_background(lambda: _purge(conn, purger)) as purged:
             wait_until_blocked(conn, purger.info.backend_pid, purged)
             producer.commit()
         assert purged.result()["deliveries"] == 1
@@ -212,9 +206,7 @@ def test_a_requeue_waiting_on_the_purge_of_its_delivery_moves_nothing(conn, data
         open_session(database_url) as purger,
         open_session(database_url, autocommit=True) as operator,
     ):
-        row = purger.execute(
-            query("purge_terminal_batch"), {"cutoff": _cutoff(conn), "batch_size": 10}
-        ).fetchone()
+        row = _purge(conn, purger)
         assert (row["deliveries"], row["outbox_rows"]) == (1, 2)
         with in_background(lambda: _requeue(operator)) as requeued:
             wait_until_blocked(conn, operator.info.backend_pid, requeued)
@@ -237,19 +229,24 @@ def test_a_purge_passes_a_delivery_being_requeued_and_later_takes_every_dispatch
     with open_session(database_url) as operator:
         operator.execute("SELECT 1")  # its transaction open: the requeue is a savepoint in it
         assert _requeue(operator) == 1
-        purged = conn.execute(
-            query("purge_terminal_batch"), {"cutoff": _cutoff(conn), "batch_size": 10}
-        ).fetchone()
+        purged = _purge(conn)
         assert purged["deliveries"] == 0
         operator.commit()
     claim_all(conn, "run-again", Cohort(("live",)))
     assert delivery(conn, dead)["current_message_id"] == f"{dead}:2"
     _dead_and_old(conn, dead)
-    purged = conn.execute(
-        query("purge_terminal_batch"), {"cutoff": _cutoff(conn), "batch_size": 10}
-    ).fetchone()
+    purged = _purge(conn)
     assert (purged["deliveries"], purged["outbox_rows"]) == (1, 2)
     assert _count(conn, "dispatch_outbox") == 0
+
+
+def _purge(conn, session=None) -> dict:
+    """One purge batch, in ``session`` when given (left open unless it is in autocommit)."""
+    return (
+        (session or conn)
+        .execute(query("purge_terminal_batch"), {"cutoff": _cutoff(conn), "batch_size": 10})
+        .fetchone()
+    )
 
 
 def _cutoff(conn):

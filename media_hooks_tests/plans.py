@@ -6,6 +6,7 @@ from __future__ import annotations
 import psycopg
 
 from media_hooks.store.sqlfiles import query
+from media_hooks_tests.interleaving import wait_for
 
 HISTORY_TABLES = ("webhook_delivery", "dispatch_outbox_v2", "delivery_attempt", "delivery_identity")
 
@@ -49,7 +50,14 @@ def rows_read(plan: dict, relation: str) -> int:
 def rows_fetched(conn: psycopg.Connection) -> int:
     """Rows the history tables have handed to scans in this database so far (read in order,
     or found by their indexes), as the statistics count them: the difference of two calls is
-    what the statements between them read, on any connection. ``conn``: autocommit."""
+    what the statements between them read, on any connection that has closed. ``conn``:
+    autocommit, the only session left open in its database."""
+    # Another session's counts reach the statistics as its server process exits, after its
+    # client has closed it (later still on a busy machine); waiting for the processes to go
+    # waits for their counts.
+    wait_for(
+        lambda: _other_sessions(conn) == 0, "the other sessions' processes to exit", timeout=30
+    )
     # This session's counts reach the statistics when it goes idle; the flush is forced, and
     # the cached snapshot of them dropped, so that the next read sees every statement before.
     conn.execute("SELECT pg_stat_force_next_flush()")
@@ -67,3 +75,11 @@ def sql_block(markdown: str) -> list[str]:
     """The statements of a Markdown text's SQL block (what the UI shows an operator to run)."""
     block = markdown.split("```sql\n", 1)[1].split("```", 1)[0]
     return [part.strip() for part in block.split(";") if part.strip()]
+
+
+def _other_sessions(conn: psycopg.Connection) -> int:
+    row = conn.execute(
+        "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database()"
+        " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+    ).fetchone()
+    return int(row["n"] if isinstance(row, dict) else row[0])

@@ -24,6 +24,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
+from media_hooks.core.errors import RuntimeFailure
 from media_hooks.devtools.receiver import Receiver, Reply
 from media_hooks.engine.delivery_run import deliver_due
 from media_hooks.observe import checks, figures
@@ -476,3 +477,32 @@ def test_dispatches_are_found_by_their_message_ids_once_the_previous_release_has
         assert (purged["deliveries"], purged["outbox_rows"]) == (COUNT, dispatches)
         assert _count(conn, "dispatch_outbox") == 0
         assert checks.run(conn, checks.Options(full=True)).holds
+
+
+def test_a_dispatch_another_program_wrote_with_another_id_stops_0032_until_corrected(
+    empty_database_url,
+):
+    """0032's constraint is validated before either key goes: a message id that does not name
+    its dispatch stops the migration with the constraint's name, both keys still there, and
+    once the row is corrected `db migrate` applies it."""
+    name = "0032_dispatches_found_by_their_message_ids.sql"
+    with psycopg.connect(empty_database_url, autocommit=True, row_factory=dict_row) as conn:
+        migrations.migrate(conn, up_to=_version(name) - 1)
+        add_destination(conn, "cdn")
+        (delivery_id,) = add_deliveries(conn, "cdn", 1)
+        conn.execute(
+            "INSERT INTO dispatch_outbox_v2 (message_id, delivery_id, dispatch_no,"
+            " destination_id, run_id) VALUES ('a1b2c3', %s, 1, 'cdn', 'other-program')",
+            (delivery_id,),
+        )
+        with pytest.raises(RuntimeFailure, match="dispatch_outbox_v2_message_id_names_dispatch"):
+            migrations.migrate(conn)
+        constraints = "SELECT count(*) FROM pg_constraint WHERE conname = ANY (%s)"
+        keys = ["dispatch_outbox_v2_one_row_per_dispatch", "dispatch_outbox_v2_delivery_id_fkey"]
+        assert _one(conn, constraints, keys) == 2
+        conn.execute(
+            "UPDATE dispatch_outbox_v2 SET message_id = delivery_id || ':' || dispatch_no"
+            " WHERE message_id <> delivery_id || ':' || dispatch_no"
+        )
+        assert migrations.migrate(conn).applied == [name]
+        assert _one(conn, constraints, keys) == 0

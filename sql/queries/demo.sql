@@ -16,18 +16,16 @@ attempts AS (
     DELETE FROM delivery_attempt AS a
     WHERE a.delivery_id IN (SELECT delivery_id FROM doomed)
 ),
--- A delivery's dispatches, by the outbox's primary key (migration 0032).
-dispatches AS (
-    SELECT d.delivery_id || ':' || n AS message_id
-    FROM doomed AS d, generate_series(1, d.dispatch_count) AS n
-),
+-- A delivery's dispatches by their message ids, the outbox's primary key (migration 0032).
 outbox AS (
     DELETE FROM dispatch_outbox_v2 AS o
-    WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM dispatches))
+    WHERE o.message_id = ANY (ARRAY(
+        SELECT d.delivery_id || ':' || n
+        FROM doomed AS d, generate_series(1, d.dispatch_count) AS n))
 ),
 outbox_v1 AS (
     DELETE FROM dispatch_outbox_v1 AS o
-    WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM dispatches))
+    WHERE o.delivery_id IN (SELECT delivery_id FROM doomed)
 ),
 requeue_items AS (
     DELETE FROM delivery_requeue_item AS i

@@ -48,22 +48,22 @@ attempts AS (
     WHERE a.delivery_id = v.delivery_id
     RETURNING 1
 ),
--- A delivery's dispatches are its message ids delivery_id:1 to delivery_id:dispatch_count (the
--- claim numbers each one in the statement that counts it; migration 0032), looked up by the
--- primary key of the outbox's two tables (migration 0027): dispatch_outbox_v1 holds the
--- dispatches written before 0027, until their deliveries expire.
-dispatches AS (
-    SELECT v.delivery_id || ':' || n AS message_id
-    FROM victims AS v, generate_series(1, v.dispatch_count) AS n
-),
+-- The outbox's two tables (migration 0027). In dispatch_outbox_v2 a delivery's dispatches are
+-- its message ids delivery_id:1 to delivery_id:dispatch_count (the claim numbers each one in the
+-- statement that counts it, and a constraint holds every id to its dispatch: migration 0032),
+-- looked up by its primary key. dispatch_outbox_v1 holds the dispatches written before 0027,
+-- until their deliveries expire, by its (delivery_id, dispatch_no) key, which its foreign key
+-- still checks.
 outbox AS (
     DELETE FROM dispatch_outbox_v2 AS o
-    WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM dispatches))
+    WHERE o.message_id = ANY (ARRAY(
+        SELECT v.delivery_id || ':' || n
+        FROM victims AS v, generate_series(1, v.dispatch_count) AS n))
     RETURNING 1
 ),
 outbox_v1 AS (
-    DELETE FROM dispatch_outbox_v1 AS o
-    WHERE o.message_id = ANY (ARRAY(SELECT message_id FROM dispatches))
+    DELETE FROM dispatch_outbox_v1 o USING victims v
+    WHERE o.delivery_id = v.delivery_id
     RETURNING 1
 ),
 deliveries AS (

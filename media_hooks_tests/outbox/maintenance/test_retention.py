@@ -110,11 +110,11 @@ def test_a_purged_delivery_re_emitted_is_recognised_by_its_tombstone(conn):
     assert left == {"fresh-1"}
 
 
-def _terminal_and_old(conn, delivery_id: str) -> None:
+def _terminal_and_old(conn, delivery_id: str, state: str = "succeeded") -> None:
     conn.execute(
-        "UPDATE webhook_delivery SET state = 'succeeded', updated_at = now() - interval '40 days' "
+        "UPDATE webhook_delivery SET state = %s, updated_at = now() - interval '40 days' "
         "WHERE delivery_id = %s",
-        (delivery_id,),
+        (state, delivery_id),
     )
 
 
@@ -181,14 +181,6 @@ def test_a_purge_racing_an_uncommitted_emit_of_a_legacy_id_keeps_one_identity(
     assert emit(conn, event).inserted is False
 
 
-def _dead_and_old(conn, delivery_id: str) -> None:
-    conn.execute(
-        "UPDATE webhook_delivery SET state = 'dead', updated_at = now() - interval '40 days' "
-        "WHERE delivery_id = %s",
-        (delivery_id,),
-    )
-
-
 def _requeue(conn) -> int:
     return requeue(conn, Cohort(("live",)), reason="publisher fixed", requested_by="ops").moved
 
@@ -201,7 +193,6 @@ def test_a_requeue_waiting_on_the_purge_of_its_delivery_moves_nothing(conn, data
     (dead,) = add_deliveries(conn, "live", 1, state="dead", age_seconds=40 * DAY)
     add_dispatches(conn, [dead])
     add_dispatches(conn, [dead])
-    _dead_and_old(conn, dead)
     with (
         open_session(database_url) as purger,
         open_session(database_url, autocommit=True) as operator,
@@ -225,7 +216,6 @@ def test_a_purge_passes_a_delivery_being_requeued_and_later_takes_every_dispatch
     add_destination(conn, "live", "http://127.0.0.1:9/live")
     (dead,) = add_deliveries(conn, "live", 1, state="dead", age_seconds=40 * DAY)
     add_dispatches(conn, [dead])
-    _dead_and_old(conn, dead)
     with open_session(database_url) as operator:
         operator.execute("SELECT 1")  # its transaction open: the requeue is a savepoint in it
         assert _requeue(operator) == 1
@@ -234,7 +224,7 @@ def test_a_purge_passes_a_delivery_being_requeued_and_later_takes_every_dispatch
         operator.commit()
     claim_all(conn, "run-again", Cohort(("live",)))
     assert delivery(conn, dead)["current_message_id"] == f"{dead}:2"
-    _dead_and_old(conn, dead)
+    _terminal_and_old(conn, dead, "dead")
     purged = _purge(conn)
     assert (purged["deliveries"], purged["outbox_rows"]) == (1, 2)
     assert _count(conn, "dispatch_outbox") == 0

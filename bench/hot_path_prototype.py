@@ -15,7 +15,7 @@ where the server has pg_walinspect with ``pg_get_wal_block_info`` (PostgreSQL 16
 the WAL of each phase by relation and by kind of record (``bench.wal``).
 
 - ``current``: the project's migrated schema and its own statements (``emit_many``,
-  ``claim_destination_page``, ``publish_messages``, ``lease_with_permits``, ``record_classified``,
+  ``claim_destination_page``, ``lease_with_permits``, ``record_classified``,
   ``purge_terminal_batch``).
 - ``proposed``: the prototype DDL below (a narrow hot row with no index on a column that
   changes; a narrow timer table for the claim and the sweeps; the immutable payload and body
@@ -397,7 +397,6 @@ def run_current(url: str, deliveries: int, fail_percent: int) -> dict[str, Any]:
                 moved = 0
                 for destination in destinations:
                     page = claims.claim_destination_page(conn, run_id, destination, Cohort(), PAGE)
-                    leases.publish_messages(conn, page)
                     moved += len(page)
                     for at in range(0, len(page), STEP):
                         step = leases.lease_with_permits(

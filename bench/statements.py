@@ -4,7 +4,7 @@
 
 One destination, ``--rows`` due deliveries whose statistics were taken while they were all
 pending (as right after a claim in production: autovacuum has not caught up), then, on one
-connection and one thread: the claim, the relay, ``lease_with_permits`` in steps of
+connection and one thread: the claim (which publishes), ``lease_with_permits`` in steps of
 ``--lease-batch`` (a worker's step: permits, release and lease in one call), and
 ``record_classified_outcomes`` (``leases.record_classified``: the database decides each next
 state) in batches of ``--record-batch``: the statements this release's workers run. The
@@ -73,13 +73,8 @@ def main() -> None:
             def claim() -> int:
                 while page := claim_destination_page(conn, "run-1", "dest-1", Cohort(), 1000):
                     pages.append(page)
-                return len(pages) + 1
-
-            def publish() -> int:
-                for page in pages:
-                    leases.publish_messages(conn, page)
                     messages.extend(page)
-                return len(pages)
+                return len(pages) + 1
 
             def lease() -> int:
                 slots: list[int] = []
@@ -110,7 +105,6 @@ def main() -> None:
             figures: dict[str, dict[str, float]] = {}
             for name, work, per in (
                 ("claim", claim, rows),
-                ("publish", publish, rows),
                 (f"lease_with_permits_{k}_per_call", lease, rows),
                 (f"record_classified_outcomes_{m}_per_call", record, rows),
             ):

@@ -16,7 +16,6 @@ from media_hooks.outbox.leases import (
     Lease,
     Message,
     lease_with_permits,
-    publish_messages,
 )
 
 # Limits that never hold back a test's leases: for tests of the row protocol, leasing through the
@@ -144,7 +143,7 @@ def claim_all(
 ) -> ClaimFigures:
     """Claims a cohort's due deliveries for ``run_id`` the way a delivery run does: each due
     destination's pages (``claim_destination_page``) until one comes back short, at most
-    ``max_rows`` rows in all. The messages are not published (``claim_and_publish`` does)."""
+    ``max_rows`` rows in all (``claim_messages`` returns the messages)."""
     cohort = cohort or Cohort()
     claimed: Counter = Counter()
     pages = 0
@@ -159,15 +158,14 @@ def claim_all(
     return ClaimFigures(claimed=claimed.total(), pages=pages, by_destination=dict(+claimed))
 
 
-def claim_and_publish(
+def claim_messages(
     conn: psycopg.Connection, run_id: str, cohort: Cohort | None = None
 ) -> list[Message]:
-    """Claims like ``claim_all`` and publishes the messages as a worker's relay does."""
+    """Claims like ``claim_all``; the messages, as a worker holds them."""
     cohort = cohort or Cohort()
     messages: list[Message] = []
     for destination_id in due_destinations(conn, cohort):
         while page := claim_destination_page(conn, run_id, destination_id, cohort, 250):
-            publish_messages(conn, page)
             messages += page
     return messages
 

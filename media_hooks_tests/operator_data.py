@@ -17,7 +17,7 @@ from media_hooks_tests.factories import (
     ROOMY,
     add_deliveries,
     add_destination,
-    claim_and_publish,
+    claim_messages,
     lease_all,
 )
 
@@ -62,7 +62,7 @@ def prepare(conn: psycopg.Connection) -> dict[str, str]:
     for name in ("beta", "gamma"):
         add_destination(conn, name, f"http://127.0.0.1:9/{name}")
     ids = add_deliveries(conn, "alpha", 7, prefix="a")
-    published = claim_and_publish(conn, RUN, Cohort(destination_ids=("alpha",)))
+    published = claim_messages(conn, RUN, Cohort(destination_ids=("alpha",)))
     by_id = {m.delivery_id: m for m in published}
     held = lease_all(conn, RUN, [by_id[i] for i in ids[:4]] + [by_id[ids[6]]], LONG_LEASE)
     (short,) = lease_all(conn, RUN, [by_id[ids[4]]], SHORT_LEASE)

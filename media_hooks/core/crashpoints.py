@@ -14,7 +14,6 @@ import sys
 
 BEFORE_CLAIM_COMMIT = "before_claim_commit"
 AFTER_OUTBOX_COMMIT = "after_outbox_commit"
-AFTER_PUBLISH = "after_publish"
 AFTER_LEASE_BEFORE_REQUEST = "after_lease_before_request"
 AFTER_RECEIVER_ACCEPTED = "after_receiver_accepted"
 AFTER_RESPONSE_BEFORE_RECORD = "after_response_before_record"
@@ -22,7 +21,6 @@ AFTER_RESPONSE_BEFORE_RECORD = "after_response_before_record"
 POINTS = (
     BEFORE_CLAIM_COMMIT,
     AFTER_OUTBOX_COMMIT,
-    AFTER_PUBLISH,
     AFTER_LEASE_BEFORE_REQUEST,
     AFTER_RECEIVER_ACCEPTED,
     AFTER_RESPONSE_BEFORE_RECORD,

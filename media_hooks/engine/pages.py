@@ -1,9 +1,9 @@
 """Where a worker's messages come from: its destination's due deliveries, claimed for the run a
 page at a time as the worker runs out (``DuePages``), under the run's row cap (``RowBudget``).
 
-A page is claimed in one statement (``claims.claim_destination_page``) and published before
-it is handed over, so what a worker holds is always in the outbox under its run's id: a run
-that dies leaves rows the run-failure release and the enqueue sweep find (invariant 3).
+A page is claimed and published in one statement (``claims.claim_destination_page``), so what
+a worker holds is always in the outbox under its run's id: a run that dies leaves rows the
+run-failure release and the enqueue sweep find (invariant 3).
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ from typing import Protocol
 
 import psycopg
 
-from media_hooks.outbox import claims, leases
+from media_hooks.outbox import claims
 from media_hooks.outbox.cohort import Cohort
 from media_hooks.outbox.leases import Message
-from media_hooks.store import db
 
 
 class Pages(Protocol):
@@ -67,7 +66,7 @@ class RowBudget:
 
 class DuePages:
     """One destination's due deliveries, claimed for the run a page at a time as its worker
-    runs out of messages, then published. Claiming stops at the first page that comes back
+    runs out of messages. Claiming stops at the first page that comes back
     short (nothing more was due), when the run's row budget is spent, or when the worker stops
     (it then hands back what it holds and claims nothing)."""
 
@@ -103,7 +102,6 @@ class DuePages:
             self.budget.settle(size, len(page))
         self.claimed += len(page)
         self.done = len(page) < size
-        db.retrying("publish page", lambda: leases.publish_messages(conn, page))
         return page
 
     def stop(self) -> None:

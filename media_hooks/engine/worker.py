@@ -196,12 +196,11 @@ class DestinationWorker:
             self._db("disable destination", disable_destination, self.destination_id, reason)
         self.stopped = reason
 
-    # The relay ---------------------------------------------------------------------------
+    # Pages ---------------------------------------------------------------------------------
 
     def _next_page(self) -> list[Message]:
         page = self.pages.next_page(self.conn)
         if page:
-            crashpoints.hit(crashpoints.AFTER_PUBLISH)
             self._refresh_destination()
         else:
             self.pages_exhausted = True

@@ -87,12 +87,6 @@ class LeaseStep:
     leases: list[Lease]
 
 
-def publish_messages(conn: psycopg.Connection, messages: list[Message]) -> None:
-    """Mark messages a worker claimed itself as handed to its sender."""
-    if messages:
-        conn.execute(query("publish_messages"), {"message_ids": [m.message_id for m in messages]})
-
-
 def _lease(row: dict) -> Lease:
     return Lease(
         row["delivery_id"],

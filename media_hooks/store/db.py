@@ -50,7 +50,7 @@ T = TypeVar("T")
 class Role(enum.Enum):
     """Who a connection works for; each has its own bounds (``bounds``)."""
 
-    WORKER = "worker"  # delivery batches: relay, lease, record, defer, permits
+    WORKER = "worker"  # delivery batches: claim, lease, record, defer, permits
     RECONCILER = "reconciler"  # finding due destinations and claiming their pages
     SWEEPS = "sweeps"  # expired leases, stale enqueues, run release, breaker, retention
     OPERATOR = "operator"  # the CLI's commands and the operator jobs (requeue, status, ...)

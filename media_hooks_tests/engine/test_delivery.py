@@ -161,7 +161,6 @@ def _fail_on_call(monkeypatch, owner, name: str, call: int) -> None:
 # stage -> (module or class, function, the call that fails, receiver's answer)
 STAGES = {
     "claim": (claims, "claim_destination_page", 2, Reply()),
-    "publish": (leases, "publish_messages", 2, Reply()),
     "lease": (leases, "lease_with_permits", 2, Reply()),
     "record": (leases, "record_classified", 1, Reply()),
     # A 429's pause is made by the statement that records it (migration 0017).

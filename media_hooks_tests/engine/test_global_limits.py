@@ -20,7 +20,7 @@ import sys
 from media_hooks.store import db
 from media_hooks.core.config import Settings
 from media_hooks.engine.delivery import deliver_pages
-from media_hooks.outbox.leases import Message, publish_messages
+from media_hooks.outbox.leases import Message
 
 class Claimed:
     destination_id = "cdn"
@@ -36,9 +36,7 @@ class Claimed:
             "SELECT message_id, delivery_id FROM dispatch_outbox WHERE run_id = %s "
             "ORDER BY message_id", (self.run_id,)
         ).fetchall()
-        page = [Message(row["message_id"], row["delivery_id"]) for row in rows]
-        publish_messages(conn, page)
-        return page
+        return [Message(row["message_id"], row["delivery_id"]) for row in rows]
 
     def stop(self):
         self.done = True

@@ -20,7 +20,7 @@ from media_hooks_tests.factories import (
     add_deliveries,
     add_destination,
     claim_all,
-    claim_and_publish,
+    claim_messages,
     lease_all,
 )
 from media_hooks_tests.plans import analyzed, rows_read
@@ -35,7 +35,7 @@ def _finish(conn: psycopg.Connection, taken, outcome: str, status: int) -> None:
 
 def _send(conn: psycopg.Connection, run_id: str) -> dict:
     """Claim everything due into ``run_id`` and lease all of it: {delivery_id: lease}."""
-    messages = claim_and_publish(conn, run_id)
+    messages = claim_messages(conn, run_id)
     return {le.delivery_id: le for le in lease_all(conn, run_id, messages)}
 
 

@@ -24,11 +24,15 @@ def test_claims_due_rows_in_pages_with_one_outbox_row_per_dispatch(conn):
     assert figures.by_destination == {"cdn": 25}
     assert states(conn) == {"enqueued": 25, "pending": 5}
     outbox = conn.execute(
-        "SELECT message_id, delivery_id, run_id, body FROM dispatch_outbox"
+        "SELECT message_id, delivery_id, run_id, body, created_at, published_at"
+        " FROM dispatch_outbox"
     ).fetchall()
     assert len(outbox) == 25
     assert {row["message_id"] for row in outbox} == {f"{i}:1" for i in ids}
     assert {row["run_id"] for row in outbox} == {"run-1"}
+    # Published as written, in the claim's transaction (a relay's update would be a later one):
+    # the worker that claims a page is the one that sends it.
+    assert all(row["published_at"] == row["created_at"] for row in outbox)
     first = delivery(conn, ids[0])
     assert bytes(next(r for r in outbox if r["delivery_id"] == ids[0])["body"]) == bytes(
         first["body"]

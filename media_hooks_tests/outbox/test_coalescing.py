@@ -18,7 +18,6 @@ from media_hooks.outbox.emit import Event, emit
 from media_hooks.outbox.leases import (
     Classified,
     lease_with_permits,
-    publish_messages,
     record_classified,
 )
 from media_hooks.outbox.maintenance import sweeps
@@ -114,7 +113,6 @@ def test_an_older_delivery_is_closed_when_a_newer_one_succeeds(conn, database_ur
     with open_session(database_url) as worker:
         page = claim_destination_page(worker, "run-1", "latest", Cohort(), 3)
         assert [m.delivery_id for m in page] == [r2]
-        publish_messages(worker, page)
         step = lease_with_permits(
             worker, "run-1", "latest", page, holder="run-1", lease_seconds=30, release_slots=[]
         )
@@ -134,7 +132,6 @@ def test_turning_coalescing_on_closes_what_a_newer_success_superseded(conn, data
     r1, r2 = _emit(conn, 1), _emit(conn, 2)
     with open_session(database_url, autocommit=True) as worker:
         page = claim_destination_page(worker, "run-1", "latest", Cohort(), 3)
-        publish_messages(worker, page)
         step = lease_with_permits(
             worker, "run-1", "latest", page, holder="run-1", lease_seconds=30, release_slots=[]
         )

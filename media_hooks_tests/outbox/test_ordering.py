@@ -24,7 +24,6 @@ from media_hooks.outbox.emit import Event, emit
 from media_hooks.outbox.leases import (
     Classified,
     lease_with_permits,
-    publish_messages,
     record_classified,
 )
 from media_hooks.outbox.maintenance import sweeps
@@ -282,7 +281,6 @@ def test_ordering_turned_on_with_a_later_delivery_in_flight(conn, database_url, 
     with open_session(database_url, autocommit=True) as worker:
         page = claim_destination_page(worker, "run-1", "pub", Cohort(), 3)
         assert [m.delivery_id for m in page] == [r1, r2]
-        publish_messages(worker, page)
         first = lease_with_permits(
             worker, "run-1", "pub", page[:1], holder="run-1", lease_seconds=30, release_slots=[]
         )
@@ -316,7 +314,6 @@ def test_a_request_sent_before_ordering_began_is_not_counted_out_of_order(
     r2 = emit(conn, Event("pub", "a1", "media.ready", {"revision": 2})).delivery_id
     with open_session(database_url, autocommit=True) as worker:
         page = claim_destination_page(worker, "run-1", "pub", Cohort(), 3)
-        publish_messages(worker, page)
         step = lease_with_permits(
             worker, "run-1", "pub", page, holder="run-1", lease_seconds=30, release_slots=[]
         )
@@ -360,7 +357,6 @@ def test_a_lease_waits_for_ordering_being_turned_on_and_then_applies_it(
     emit(conn, Event("pub", "a1", "media.ready", {"revision": 2}))
     with open_session(database_url, autocommit=True) as worker:
         page = claim_destination_page(worker, "run-1", "pub", Cohort(), 3)
-        publish_messages(worker, page)
         with open_session(database_url) as operator:
             spec = DestinationSpec("pub", "http://127.0.0.1:9/", ordering="asset")
             upsert_destination(operator, spec, settings)  # inside its open transaction

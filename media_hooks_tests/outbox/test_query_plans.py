@@ -123,7 +123,6 @@ STATEMENTS = {
         **Cohort().params(),
     },
     "due_destinations": lambda: Cohort().params(),
-    "publish_messages": lambda: {"message_ids": [f"{i}:1" for i in _ids(100)]},
     "lease_with_permits": lambda: _step(
         "r", [{"delivery_id": i, "current_message_id": f"{i}:1"} for i in _ids(100)]
     ),

@@ -29,7 +29,7 @@ from media_hooks_tests.factories import (
     add_deliveries,
     add_destination,
     answer,
-    claim_and_publish,
+    claim_messages,
     lease_all,
     states,
 )
@@ -74,7 +74,7 @@ def locks_written(conn: psycopg.Connection) -> Iterator[Callable[[str], int]]:
 def _dispatched(conn: psycopg.Connection, count: int) -> list:
     add_destination(conn, "cdn", **ROOMY)
     add_deliveries(conn, "cdn", count)
-    return claim_and_publish(conn, "run-1", Cohort())
+    return claim_messages(conn, "run-1", Cohort())
 
 
 def test_a_lease_and_a_record_lock_no_row_beyond_their_update(walinspect):

@@ -281,7 +281,6 @@ class ProtocolMachine(RuleBasedStateMachine):
             page = claims.claim_destination_page(
                 worker.conn, worker.run_id, destination, Cohort(), page_size
             )
-            leases.publish_messages(worker.conn, page)
             return page
 
         def done(page: Any) -> None:

@@ -28,6 +28,7 @@ from media_hooks.core.errors import RuntimeFailure
 from media_hooks.devtools.receiver import Receiver, Reply
 from media_hooks.engine.delivery_run import deliver_due
 from media_hooks.observe import checks, figures
+from media_hooks.outbox import claims
 from media_hooks.outbox.emit import Event, emit, emit_many
 from media_hooks.outbox.maintenance import retention
 from media_hooks.store import db, migrations, sqlfiles
@@ -44,11 +45,29 @@ PREVIOUS_STATEMENTS = {
 }
 
 
+def _claimed_then_published(claim):
+    """The previous release's claim: the page written unpublished, then its relay's update."""
+
+    def claim_and_publish(conn: psycopg.Connection, *args, **kwargs) -> list:
+        page = claim(conn, *args, **kwargs)
+        if page:
+            ids = [m.message_id for m in page]
+            conn.execute(query("publish_messages"), {"message_ids": ids})
+        return page
+
+    return claim_and_publish
+
+
 @contextmanager
 def previous_release() -> Iterator[None]:
     """Statements run by name are the previous release's where it wrote the outbox, or read or
-    wrote an asset's queue, otherwise."""
-    with mock.patch.dict(sqlfiles.queries(), PREVIOUS_STATEMENTS):
+    wrote an asset's queue, otherwise; and pages are published after their claim, as its
+    engine did."""
+    claim = claims.claim_destination_page
+    with (
+        mock.patch.dict(sqlfiles.queries(), PREVIOUS_STATEMENTS),
+        mock.patch.object(claims, "claim_destination_page", _claimed_then_published(claim)),
+    ):
         yield
 
 
@@ -510,3 +529,4 @@ def test_a_dispatch_another_program_wrote_with_another_id_stops_0032_until_corre
         )
         assert migrations.migrate(conn).applied == [name]
         assert KEYS_0032.isdisjoint(_outbox_constraints(conn))
+

@@ -6,7 +6,6 @@
 
 export const BEFORE_CLAIM_COMMIT = 'before_claim_commit';
 export const AFTER_OUTBOX_COMMIT = 'after_outbox_commit';
-export const AFTER_PUBLISH = 'after_publish';
 export const AFTER_LEASE_BEFORE_REQUEST = 'after_lease_before_request';
 export const AFTER_RECEIVER_ACCEPTED = 'after_receiver_accepted';
 export const AFTER_RESPONSE_BEFORE_RECORD = 'after_response_before_record';

@@ -231,7 +231,7 @@ export class RowBudget {
 
 /**
  * One destination's due deliveries, claimed a page at a time as its worker runs out
- * (claim_destination_page, then publish_messages). Claiming stops at the first page that
+ * (claim_destination_page, which publishes what it claims). Claiming stops at the first page that
  * comes back short, when the run's row budget is spent, or when the worker stops.
  */
 export class DuePages {
@@ -265,12 +265,6 @@ export class DuePages {
     crashpoints.hit(crashpoints.AFTER_OUTBOX_COMMIT);
     this.claimed += page.length;
     this.done = page.length < size;
-    if (page.length) {
-      const messageIds = page.map((m) => m.message_id);
-      await retrying('publish page', () => run(client, 'publish_messages', { message_ids: messageIds }), {
-        log: this.log,
-      });
-    }
     return page;
   }
 
@@ -508,13 +502,12 @@ export class DestinationWorker {
     this.stopped = reason;
   }
 
-  // The relay -------------------------------------------------------------------------------
+  // Pages -----------------------------------------------------------------------------------
 
   async refill() {
     if (this.waiting.length || this.pagesExhausted) return;
     const page = await this.pages.nextPage(this.client);
     if (page.length) {
-      crashpoints.hit(crashpoints.AFTER_PUBLISH);
       await this.refreshDestination();
       this.waiting.push(...page);
     } else {

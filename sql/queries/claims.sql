@@ -39,8 +39,8 @@ ORDER BY w.destination_id;
 
 -- name: claim_destination_page
 -- description: Claim one page of one destination's due pending deliveries of a cohort for a
---   run, oldest first: one outbox row per dispatch and the rows flipped to enqueued, in one
---   statement. A run's delivery of each destination claims its own pages as it needs them
+--   run, oldest first: one outbox row per dispatch, published, and the rows flipped to
+--   enqueued, in one statement. A run's delivery of each destination claims its own pages as it needs them
 --   (bounded, round-robin across destinations: none waits behind another's backlog).
 -- keeps: invariant 3 (a claimed row is enqueued with a committed outbox row naming its run, so
 --   a sweep can always find it again), invariant 1 (the message is per dispatch; the receiver's
@@ -88,8 +88,11 @@ enqueued AS (
     RETURNING d.delivery_id, d.destination_id, d.dispatch_count, d.current_message_id
 )
 -- The outbox's table of this release (migration 0027): the dispatch without a copy of its
--- body, which dispatch_outbox shows from the delivery (invariant 2).
-INSERT INTO dispatch_outbox_v2 (message_id, delivery_id, dispatch_no, destination_id, run_id)
-SELECT current_message_id, delivery_id, dispatch_count, destination_id, %(run_id)s
+-- body, which dispatch_outbox shows from the delivery (invariant 2). Published as it is
+-- written: the worker that claims a page is the one that sends it, so the claim is the hand-over
+-- (the row is written once; a separate publication was an update of every dispatch).
+INSERT INTO dispatch_outbox_v2
+    (message_id, delivery_id, dispatch_no, destination_id, run_id, published_at)
+SELECT current_message_id, delivery_id, dispatch_count, destination_id, %(run_id)s, now()
 FROM enqueued
 RETURNING message_id, delivery_id;

@@ -1,13 +1,4 @@
--- The delivery worker: relay, lease, record. No statement here is held open across HTTP.
-
--- name: publish_messages
--- description: The relay: messages a worker claimed (claim_destination_page), marked published
---   as they are handed to the sender, by primary key. Publishing twice is harmless: the first
---   publication time is kept and the lease decides who may send. A message this release claimed
---   is a row of dispatch_outbox_v2 (migration 0027).
-UPDATE dispatch_outbox_v2 AS o
-SET published_at = coalesce(o.published_at, now())
-WHERE o.message_id = ANY (%(message_ids)s::text[]);
+-- The delivery worker: lease, record. No statement here is held open across HTTP.
 
 -- name: lease_with_permits
 -- description: The worker's step, in one round trip: hand back finished permits, take up to one

@@ -122,7 +122,7 @@ CREATE TABLE dispatch_outbox_v2 (
     CONSTRAINT dispatch_outbox_v2_dispatch_no_check CHECK ((dispatch_no >= 1)),
     CONSTRAINT dispatch_outbox_v2_message_id_names_dispatch CHECK ((message_id = ((delivery_id || ':'::text) || (dispatch_no)::text))),
     CONSTRAINT dispatch_outbox_v2_pkey PRIMARY KEY (message_id)
-) WITH (fillfactor=50);
+);
 
 CREATE TABLE schema_migrations (
     version integer NOT NULL,

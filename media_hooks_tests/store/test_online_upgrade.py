@@ -527,6 +527,43 @@ def test_a_dispatch_another_program_wrote_with_another_id_stops_0032_until_corre
             "UPDATE dispatch_outbox_v2 SET message_id = delivery_id || ':' || dispatch_no"
             " WHERE message_id <> delivery_id || ':' || dispatch_no"
         )
-        assert migrations.migrate(conn).applied == [name]
+        assert migrations.migrate(conn).applied[0] == name  # and the migrations after it
         assert KEYS_0032.isdisjoint(_outbox_constraints(conn))
 
+
+def test_dispatches_fill_their_pages_once_the_previous_release_has_gone(
+    empty_database_url, settings
+):
+    """0033 (a contract migration) applied while a run of the previous release delivers, which
+    publishes each page it claims by an update: every delivery is delivered once and every
+    dispatch published. This release's claims then write each dispatch published, never updated,
+    and the pages they fill are filled whole (0022 had left half of each free for the update)."""
+    name = "0033_dispatches_written_once.sql"
+    with psycopg.connect(empty_database_url, autocommit=True, row_factory=dict_row) as conn:
+        assert _migrate_mid_run(conn, empty_database_url, settings, name).applied == [name]
+        options = "SELECT reloptions FROM pg_class WHERE relname = 'dispatch_outbox_v2'"
+        assert _one(conn, options) is None
+        assert _count(conn, "dispatch_outbox", "published_at IS NULL") == 0
+
+        add_deliveries(conn, "cdn", 400, prefix="later")
+        with Receiver() as receiver, db.open_pool(empty_database_url, max_size=4) as pool:
+            conn.execute("UPDATE webhook_destination SET url = %s", (receiver.url,))
+            assert deliver_due(pool, "run-after", settings).totals.succeeded == 400
+        written = "run_id = 'run-after' AND published_at = created_at"
+        assert _count(conn, "dispatch_outbox_v2", written) == 400
+        # The bytes of each page that only this release's dispatches filled (the last, still
+        # filling, aside): a row's size and its line pointer.
+        used = conn.execute(
+            """
+            WITH placed AS (
+                SELECT (ctid::text::point)[0] AS page, pg_column_size(o.*) + 4 AS size, run_id
+                FROM dispatch_outbox_v2 AS o
+            )
+            SELECT page, sum(size) AS bytes
+            FROM placed
+            GROUP BY page
+            HAVING bool_and(run_id = 'run-after') AND page < (SELECT max(page) FROM placed)
+            """
+        ).fetchall()
+        assert used and all(r["bytes"] > 0.8 * 8192 for r in used), used
+        assert checks.run(conn).holds

@@ -1,0 +1,19 @@
+-- migrate: contract
+-- 0033: a dispatch is written once, published, so the outbox's pages are filled whole.
+--
+-- 0022 left half of each page of the outbox free (fillfactor 50) so that a dispatch's one
+-- update, its publication by the relay just after the claim, found room on the row's own page
+-- and was heap-only. The claim of this release writes each dispatch published (the worker that
+-- claims a page is the one that sends it: sql/queries/claims.sql), and no statement of this
+-- release updates the outbox: the free half of each page is disk nothing uses, about half of
+-- the outbox's heap.
+--
+-- keeps: invariant 3 (nothing about which rows exist changes: only how full their pages are).
+--
+-- A contract migration: the previous release still publishes each of its claims by an update,
+-- which on full pages would leave the row's page and write an entry in each of the outbox's
+-- indexes, so `media-hooks db migrate` applies it once no session of a release before it is
+-- connected. Pages written before keep their free space (reused as the purge frees rows); pages
+-- filled from now on are filled whole. The storage parameter takes a lock that lets reads and
+-- writes through, for an instant.
+ALTER TABLE dispatch_outbox_v2 RESET (fillfactor);

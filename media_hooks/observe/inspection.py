@@ -193,10 +193,17 @@ def _recorded(row: dict[str, Any]) -> StoryEvent:
     )
 
 
+def _publication(d: dict[str, Any]) -> str:
+    """A claim publishes what it writes; an earlier release's relay published just after it."""
+    if d["published_at"] is None:
+        return "not published"
+    if d["published_at"] == d["created_at"]:
+        return "published by its claim"
+    return f"published {format_time(d['published_at'])}"
+
+
 def _dispatched(d: dict[str, Any]) -> StoryEvent:
-    published = (
-        f"published {format_time(d['published_at'])}" if d["published_at"] else "not published"
-    )
+    published = _publication(d)
     return StoryEvent(
         at=d["created_at"],
         kind="dispatched",

@@ -6,6 +6,7 @@ import pytest
 
 from media_hooks.core.errors import UserError
 from media_hooks.observe.inspection import format_age, inspect_delivery
+from media_hooks_tests.factories import add_dispatches
 from media_hooks_tests.operator_data import RUN, prepare
 
 
@@ -54,6 +55,7 @@ def test_the_story_is_in_time_order_with_every_dispatch_attempt_and_requeue(conn
     assert "rejected" in attempt.text and "HTTP 404" in attempt.text
     assert attempt.details["run_id"] == RUN
     assert "was dead" in story.events[3].text and "tester" in story.events[3].text
+    assert "published by its claim" in story.events[1].text
     # From a delivery to its Dagster runs.
     assert story.run_ids == (RUN,)
 
@@ -71,6 +73,23 @@ def test_a_retried_attempt_says_when_and_why_it_goes_again(conn, prepared):
     assert 480 <= row["wait"] <= 720
     assert row["wait_reason"].startswith("backoff ")
     assert "next attempt" in attempt.text and row["wait_reason"] in attempt.text
+
+
+def test_a_dispatch_says_whether_its_claim_published_it(conn, prepared):
+    """This release's claim publishes what it writes; an earlier release's relay published just
+    after its claim, and a dispatch another program wrote may not be published at all."""
+    delivery_id = prepared["due"]
+    add_dispatches(conn, [delivery_id], published=False)
+    add_dispatches(conn, [delivery_id], published=False)
+    conn.execute(
+        "UPDATE dispatch_outbox_v2 SET published_at = created_at + interval '2 seconds'"
+        " WHERE message_id = %s",
+        (f"{delivery_id}:2",),
+    )
+    texts = [e.text for e in inspect_delivery(conn, delivery_id).events if e.kind == "dispatched"]
+    assert len(texts) == 2
+    assert texts[0].endswith("not published)")
+    assert "published 20" in texts[1] and "by its claim" not in texts[1]
 
 
 def test_a_never_dispatched_delivery_has_no_runs(conn, prepared):

@@ -40,8 +40,9 @@ ORDER BY w.destination_id;
 -- name: claim_destination_page
 -- description: Claim one page of one destination's due pending deliveries of a cohort for a
 --   run, oldest first: one outbox row per dispatch, published, and the rows flipped to
---   enqueued, in one statement. A run's delivery of each destination claims its own pages as it needs them
---   (bounded, round-robin across destinations: none waits behind another's backlog).
+--   enqueued, in one statement. A run's delivery of each destination claims its own pages as
+--   it needs them (bounded, round-robin across destinations: none waits behind another's
+--   backlog).
 -- keeps: invariant 3 (a claimed row is enqueued with a committed outbox row naming its run, so
 --   a sweep can always find it again), invariant 1 (the message is per dispatch; the receiver's
 --   key stays delivery_id), invariant 7 (one bounded page). SKIP LOCKED lets runs at once

@@ -14,8 +14,7 @@ UPDATE SKIP LOCKED, then an INSERT and an UPDATE per row, page size 250), adapte
 name the columns our outbox's table has (since migration 0027 the body is read from the
 delivery, not stored with each dispatch, so the sketch's copy of it is left out too; since
 0032 a message id names its dispatch, ``delivery_id:1`` here, where the record hashed the id).
-And
-``run_unanalyzed`` beside ``run_analyzed``: the claim, pages of 250, on a backlog whose
+And ``run_unanalyzed`` beside ``run_analyzed``: the claim, pages of 250, on a backlog whose
 statistics are those of the empty tables (its speed must not depend on ANALYZE having run).
 
 Every run claims a whole backlog in a fresh clone of a seeded database.

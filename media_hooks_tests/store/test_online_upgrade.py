@@ -141,6 +141,15 @@ def _migrate_mid_run(conn: psycopg.Connection, url: str, settings, name: str) ->
     return MidRun(applied, during)
 
 
+def _deliver_later(conn: psycopg.Connection, url: str, settings, count: int) -> tuple:
+    """After a migration: ``count`` more deliveries to cdn, delivered by this release's run
+    ``run-after`` to a receiver of its own; the run's result and the requests it got."""
+    add_deliveries(conn, "cdn", count, prefix="later")
+    with Receiver() as receiver, db.open_pool(url, max_size=4) as pool:
+        conn.execute("UPDATE webhook_destination SET url = %s", (receiver.url,))
+        return deliver_due(pool, "run-after", settings), receiver.requests
+
+
 def _holds_when_current(conn: psycopg.Connection) -> None:
     """`check` holds once the schema is brought up to date, as this release needs it."""
     migrations.migrate(conn)
@@ -250,11 +259,8 @@ def test_the_outbox_stops_copying_bodies_while_the_previous_release_delivers(
         assert _count(conn, "dispatch_outbox", "published_at IS NULL") == 0
 
         migrations.migrate(conn)  # this release runs on the schema up to date
-        add_deliveries(conn, "cdn", 50, prefix="later")
-        with Receiver() as receiver, db.open_pool(empty_database_url, max_size=4) as pool:
-            conn.execute("UPDATE webhook_destination SET url = %s", (receiver.url,))
-            result = deliver_due(pool, "run-after", settings)
-            sent = {r.webhook_id: r.body for r in receiver.requests}
+        result, requests = _deliver_later(conn, empty_database_url, settings, 50)
+        sent = {r.webhook_id: r.body for r in requests}
         assert result.totals.succeeded == 50
         assert _count(conn, "dispatch_outbox_v2") == after + 50
         shown = conn.execute(
@@ -549,10 +555,8 @@ def test_dispatches_fill_their_pages_once_the_previous_release_has_gone(
         assert _one(conn, options) is None
         assert _count(conn, "dispatch_outbox", "published_at IS NULL") == 0
 
-        add_deliveries(conn, "cdn", 400, prefix="later")
-        with Receiver() as receiver, db.open_pool(empty_database_url, max_size=4) as pool:
-            conn.execute("UPDATE webhook_destination SET url = %s", (receiver.url,))
-            assert deliver_due(pool, "run-after", settings).totals.succeeded == 400
+        result, _ = _deliver_later(conn, empty_database_url, settings, 400)
+        assert result.totals.succeeded == 400
         written = "run_id = 'run-after' AND published_at = created_at"
         assert _count(conn, "dispatch_outbox_v2", written) == 400
         # The bytes of each page that only this release's dispatches filled (the last, still

@@ -199,6 +199,7 @@ def seed(url: str, size: Size, receiver: str) -> list[str]:
 
 TABLE_FIGURES = """
 SELECT s.relname AS name, s.n_tup_ins, s.n_tup_upd, s.n_tup_hot_upd, s.n_tup_del,
+       (to_jsonb(s) ->> 'n_tup_newpage_upd')::bigint AS n_tup_newpage_upd,
        s.n_live_tup, s.n_dead_tup, s.autovacuum_count, s.autoanalyze_count,
        pg_total_relation_size(s.relid) AS total_bytes, pg_relation_size(s.relid) AS heap_bytes,
        pg_indexes_size(s.relid) AS index_bytes
@@ -333,6 +334,14 @@ def _ms(values: list[float], fraction: float) -> float | None:
     return None if found is None else round(found * 1000, 2)
 
 
+def _left_their_page(now: dict[str, Any], then: dict[str, Any], updates: int) -> float | None:
+    """The share of a table's updates whose new version went to another page (written whole
+    instead of the bytes that changed), where the server counts them (PostgreSQL 16 on)."""
+    if now.get("n_tup_newpage_upd") is None or then.get("n_tup_newpage_upd") is None:
+        return None
+    return _ratio(now["n_tup_newpage_upd"] - then["n_tup_newpage_upd"], updates)
+
+
 def _ratio(top: float, bottom: float) -> float | None:
     return round(top / bottom, 4) if bottom else None
 
@@ -352,6 +361,7 @@ def window_figures(
             "updates": updates,
             "hot_updates": now["n_tup_hot_upd"] - then["n_tup_hot_upd"],
             "hot_ratio": _ratio(now["n_tup_hot_upd"] - then["n_tup_hot_upd"], updates),
+            "new_page_ratio": _left_their_page(now, then, updates),
             "deletes": now["n_tup_del"] - then["n_tup_del"],
             "live_tuples": now["n_live_tup"],
             "dead_tuples": now["n_dead_tup"],
@@ -561,12 +571,14 @@ def totals_over(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
     """The whole run's WAL per delivery and HOT ratios (from the first to the last window's end)."""
     deliveries = last["terminal"] - first["terminal"]
     hot = {}
+    new_page = {}
     updates = {}
     for name, now in last["tables"].items():
         then = first["tables"].get(name, now)
         changed = now["n_tup_upd"] - then["n_tup_upd"]
         updates[name] = changed
         hot[name] = _ratio(now["n_tup_hot_upd"] - then["n_tup_hot_upd"], changed)
+        new_page[name] = _left_their_page(now, then, changed)
     wal = last["wal"] - first["wal"]
     return {
         **wal_split(wal, deliveries, first, last),
@@ -577,6 +589,7 @@ def totals_over(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
         "wal_bytes_per_delivery": round(wal / deliveries, 1) if deliveries else None,
         "updates": updates,
         "hot_ratio": hot,
+        "new_page_ratio": new_page,
         "updates_per_delivery": {
             name: round(n / deliveries, 3) if deliveries else None for name, n in updates.items()
         },

@@ -197,9 +197,14 @@ def render(document: Document) -> str:
         "The existing report's targets (`python -m bench`) are not measured by this run.",
         "## Whole run",
         _table(
-            ["table", "updates per delivery", "HOT ratio"],
+            ["table", "updates per delivery", "HOT ratio", "new version on another page"],
             [
-                [f"`{name}`", _number(totals["updates_per_delivery"].get(name)), _number(ratio)]
+                [
+                    f"`{name}`",
+                    _number(totals["updates_per_delivery"].get(name)),
+                    _number(ratio),
+                    _number(totals.get("new_page_ratio", {}).get(name)),
+                ]
                 for name, ratio in totals.get("hot_ratio", {}).items()
             ],
         ),

@@ -104,6 +104,8 @@ class Size:
     time_limit: float
     # Delivered deliveries written before the run (bench.sustained_history).
     history: int = 0
+    # Deliveries a second the producer emits at most (None: as fast as the backlog allows).
+    rate: float | None = None
 
 
 SIZES = {
@@ -445,11 +447,12 @@ def _stop(process: subprocess.Popen, reader: threading.Thread) -> int | None:
 
 
 def role_commands(size: Size, destination_ids: list[str]) -> dict[str, list[str]]:
+    rate = [] if size.rate is None else ["--rate", str(size.rate)]
     return {
         "engine": ["engine", "--page-size", str(size.page_size), "--max-rows", str(size.run_rows)],
         "producer": [
             "producer", "--backlog", str(size.backlog), "--batch", str(size.emit_batch),
-            "--destinations", ",".join(destination_ids),
+            "--destinations", ",".join(destination_ids), *rate,
         ],
         "retention": [
             "retention", "--retain-seconds", str(size.retain_seconds),
@@ -669,6 +672,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--history", type=int, help="delivered deliveries to write before the run (a deep history)"
     )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        help="deliveries a second the producer emits at most (default: "
+        "as fast as the engine takes them)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "sustained")
     parser.add_argument(
         "--report", action="store_true", help="only redraw the plots and SUMMARY.md from the JSON"
@@ -690,6 +699,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.history < 0:
             parser.error("--history must be 0 or more")
         size = replace(size, history=args.history)
+    if args.rate is not None:
+        if args.rate <= 0:
+            parser.error("--rate must be more than 0")
+        size = replace(size, rate=args.rate)
     document = run(size)
     document["command"] = shlex.join(["python", "-m", "bench.sustained", *(argv or sys.argv[1:])])
     write(document, args.out)

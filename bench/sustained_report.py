@@ -34,12 +34,18 @@ def _quotient(top: float | None, bottom: float | None) -> float | None:
     return round(top / bottom, 3)
 
 
-def _flatness(windows: list[dict[str, Any]]) -> float | None:
-    """The last quarter's peak of the history tables' size over the first quarter's."""
-    if len(windows) < 4 * QUARTER:
+def _flatness(windows: list[dict[str, Any]], per_rate: bool = False) -> float | None:
+    """The last quarter's peak of the history tables' size over the first quarter's; with
+    ``per_rate``, of the size per delivery a second of the window's throughput (what a
+    retention window keeps is proportional to the rate: this one does not rise with it)."""
+    if len(windows) < 4 * QUARTER or (per_rate and not all(w["per_second"] for w in windows)):
         return None
-    first = max(w["history_bytes"] for w in windows[:QUARTER])
-    last = max(w["history_bytes"] for w in windows[-QUARTER:])
+
+    def held(w: dict[str, Any]) -> float:
+        return w["history_bytes"] / w["per_second"] if per_rate else w["history_bytes"]
+
+    first = max(held(w) for w in windows[:QUARTER])
+    last = max(held(w) for w in windows[-QUARTER:])
     return _quotient(last, first)
 
 
@@ -169,7 +175,9 @@ def render(document: Document) -> str:
         f"backoff {size['backoff_base']}-{size['backoff_cap']} s), {size['in_flight']} in flight "
         f"each, claim pages of {size['page_size']}, engine runs of at most {size['run_rows']:,} "
         f"rows; the producer emits {size['emit_batch']:,} a transaction (COPY) while fewer than "
-        f"{size['backlog']:,} are due; retention every {size['retention_every']:g} s purges "
+        f"{size['backlog']:,} are due"
+        + (f", at most {size['rate']:,g} a second" if size.get("rate") else "")
+        + f"; retention every {size['retention_every']:g} s purges "
         f"terminal deliveries older than {size['retain_seconds']:g} s and tombstones older than "
         f"{size['duplicate_seconds']:g} s (the duplicate window)."
         + (
@@ -194,7 +202,11 @@ def render(document: Document) -> str:
             ["target", "measured", ""],
             [[t["target"], _number(t["value"]), _verdict(t)] for t in found],
         ),
-        "The existing report's targets (`python -m bench`) are not measured by this run.",
+        "The existing report's targets (`python -m bench`) are not measured by this run. "
+        "The history a retention window keeps follows the rate: per delivery a second of each "
+        "window's throughput, the last quarter's peak is "
+        f"{_number(_flatness(windows, per_rate=True) if document.get('complete') else None)}x "
+        "the first quarter's.",
         "## Whole run",
         _table(
             ["table", "updates per delivery", "HOT ratio", "new version on another page"],

@@ -1,6 +1,7 @@
 """The sustained-load benchmark's three processes: producer, engine and retention.
 
     python -m bench.sustained_roles producer --backlog 3000 --batch 1000 --destinations d1,d2
+    python -m bench.sustained_roles producer ... --rate 1000
     python -m bench.sustained_roles engine --page-size 250 --max-rows 5000
     python -m bench.sustained_roles retention --retain-seconds 60 --duplicate-seconds 180
 
@@ -83,16 +84,32 @@ def events(start: int, count: int, destinations: list[str]) -> Iterator[Any]:
         )
 
 
-def producer(backlog: int, batch: int, destinations: list[str]) -> None:
+def next_batch_at(started: float, emitted: int, batch: int, rate: float | None) -> float:
+    """When the next batch may go (this machine's monotonic clock): at once without a rate;
+    with one, once the run's emits, that batch included, are within ``rate`` a second of its
+    start, so that the producer holds the rate over the run, not batch by batch."""
+    if rate is None:
+        return started
+    return started + (emitted + batch) / rate
+
+
+def producer(backlog: int, batch: int, destinations: list[str], rate: float | None = None) -> None:
     """Emit ``batch`` deliveries a transaction (the bulk COPY path, in the producer's own
     transaction) whenever fewer than ``backlog`` are due: the engine never starves, and the
-    backlog stays bounded whatever the engine's speed."""
+    backlog stays bounded whatever the engine's speed. With ``rate``, no faster than that many
+    a second either, as a platform's events come: the history then follows the rate, not the
+    engine's speed."""
     from media_hooks.outbox.emit import emit_many
 
     stop = _stop_on_eof()
     emitted = 0
+    started = time.monotonic()
     with _producer_connection() as conn:
         while not stop.is_set():
+            wait = next_batch_at(started, emitted, batch, rate) - time.monotonic()
+            if wait > 0:
+                stop.wait(min(wait, 0.05))
+                continue
             due = conn.execute(BACKLOG).fetchone()["due"]
             conn.commit()
             if due >= backlog:
@@ -269,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     produce.add_argument("--backlog", type=int, required=True)
     produce.add_argument("--batch", type=int, required=True)
     produce.add_argument("--destinations", required=True, help="comma-separated ids")
+    produce.add_argument("--rate", type=float, help="deliveries a second, at most")
     deliver = roles.add_parser("engine")
     deliver.add_argument("--page-size", type=int, required=True)
     deliver.add_argument("--max-rows", type=int, required=True)
@@ -278,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     purge.add_argument("--every", type=float, required=True)
     args = parser.parse_args(argv)
     if args.role == "producer":
-        producer(args.backlog, args.batch, args.destinations.split(","))
+        producer(args.backlog, args.batch, args.destinations.split(","), args.rate)
     elif args.role == "engine":
         engine(args.page_size, args.max_rows)
     else:

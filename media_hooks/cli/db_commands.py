@@ -8,21 +8,24 @@ import os
 import sys
 
 from media_hooks.cli import psql
-from media_hooks.cli.output import fields, format_bytes, print_json, program
+from media_hooks.cli.output import fields, format_bytes, print_json, program, table
 from media_hooks.core import numeric
 from media_hooks.core.config import Settings
 from media_hooks.core.errors import RuntimeFailure, UserError
+from media_hooks.observe.inspection import format_age
 from media_hooks.store import db, embedded, migrations
-from media_hooks.store.database_status import DatabaseStatus, describe
+from media_hooks.store.database_status import DatabaseStatus, TableHealth, describe
 from media_hooks.store.sqlfiles import query
 
 STATUS_DESCRIPTION = """\
 Which PostgreSQL server media_hooks uses and how it is: for the embedded server (no
 MEDIA_HOOKS_DATABASE_URL), whether it runs, its data folder and size on disk, its URL, version,
 open sessions and log; for a configured server, whether it answers, its URL (never the
-password), version, the database's size and whether its schema is current. Never starts the
-embedded server: a stopped one is reported as stopped. Exit status 1 when a server that should
-answer does not."""
+password), version, the database's size and whether its schema is current. For a server that
+answers, its eight largest tables as the statistics have them: size, live rows and dead
+versions, the last vacuum, and how their updates went (heap-only; written whole on another
+page, PostgreSQL 16 on). Never starts the embedded server: a stopped one is reported as
+stopped. Exit status 1 when a server that should answer does not."""
 
 URL_DESCRIPTION = """\
 Prints a libpq URL of the media_hooks database for another tool (psql, pg_dump, a notebook):
@@ -96,7 +99,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     status = sub.add_parser(
         "status",
-        help="which server, running or not, where, its URL, size and version",
+        help="which server, running or not, where, its URL, size, version and largest tables",
         description=STATUS_DESCRIPTION,
     )
     status.add_argument("--json", action="store_true", help="print one JSON document")
@@ -217,6 +220,45 @@ def _wal(status: DatabaseStatus) -> str | None:
     return text
 
 
+def _share(part: int | None, whole: int) -> str:
+    if part is None:
+        return "-"
+    return f"{part / whole:.0%}" if whole else "-"
+
+
+def _table_row(t: TableHealth) -> list[str]:
+    seen = t.live_rows + t.dead_rows
+    dead = f"{t.dead_rows:,}" + (f" ({t.dead_rows / seen:.0%})" if seen else "")
+    vacuumed = "never" if t.vacuumed_seconds_ago is None else format_age(t.vacuumed_seconds_ago)
+    return [
+        t.name,
+        format_bytes(t.total_bytes),
+        format_bytes(t.index_bytes),
+        f"{t.live_rows:,}",
+        dead,
+        vacuumed,
+        f"{t.updates:,}",
+        _share(t.heap_only_updates, t.updates),
+        _share(t.new_page_updates, t.updates),
+    ]
+
+
+def _tables(status: DatabaseStatus) -> str | None:
+    """The largest tables as autovacuum sees them: what grows with weeks of load (dead
+    versions a vacuum has not yet freed, updates that could not stay on their page)."""
+    if not status.tables:
+        return None
+    headers = ["table", "on disk", "indexes", "live rows", "dead versions", "vacuumed",
+               "updates", "heap-only", "new page"]  # fmt: skip
+    return (
+        "largest tables (rows are the statistics' estimates; updates since they were reset)\n"
+        + "\n".join(
+            f"  {line}"
+            for line in table(headers, [_table_row(t) for t in status.tables]).splitlines()
+        )
+    )
+
+
 def render_status(status: DatabaseStatus) -> str:
     version = status.server_version
     if version is not None:
@@ -238,7 +280,10 @@ def render_status(status: DatabaseStatus) -> str:
         ("log", status.log),
         ("error", status.error),
     ]
-    return "\n".join([_headline(status), fields(rows), _advice(status)])
+    tables = _tables(status)
+    return "\n".join(
+        [_headline(status), fields(rows), *([tables] if tables else []), _advice(status)]
+    )
 
 
 def run_status(args: argparse.Namespace) -> int:

@@ -1,4 +1,5 @@
-"""What `media-hooks db status` reports: which server, whether it runs, where, how big.
+"""What `media-hooks db status` reports: which server, whether it runs, where, how big, and
+how its largest tables fare under autovacuum.
 
 On the embedded default everything is read from its data folder and, when it runs, from the
 server itself; nothing here starts it. A configured server is asked directly. URLs are shown
@@ -17,6 +18,27 @@ from media_hooks.core.errors import RuntimeFailure
 from media_hooks.store import db, embedded, migrations
 from media_hooks.store.sqlfiles import migrations as migration_files
 from media_hooks.store.sqlfiles import query
+
+# How many of the database's tables `db status` lists, the largest first.
+TABLES_SHOWN = 8
+
+
+@dataclass(frozen=True)
+class TableHealth:
+    """One table as autovacuum sees it (pg_stat_user_tables; rows are estimates)."""
+
+    name: str
+    total_bytes: int
+    index_bytes: int
+    live_rows: int
+    dead_rows: int
+    vacuumed_at: datetime | None
+    vacuumed_seconds_ago: float | None
+    # Since the server's statistics were last reset.
+    updates: int
+    heap_only_updates: int
+    # PostgreSQL 16 on; None before.
+    new_page_updates: int | None
 
 
 @dataclass(frozen=True)
@@ -40,6 +62,8 @@ class DatabaseStatus:
     data_checksums: str | None = None
     schema: str | None = None
     log: Path | None = None
+    # The database's largest tables, the largest first.
+    tables: list[TableHealth] | None = None
     # Why a server that should answer did not: the report is incomplete.
     error: str | None = None
 
@@ -69,6 +93,8 @@ def _ask(url: str) -> dict[str, Any]:
         with db.connect(url, autocommit=True) as conn:
             facts = dict(conn.execute(query("server_facts")).fetchone())
             facts["schema"] = _schema(conn)
+            tables = conn.execute(query("table_health"), {"limit": TABLES_SHOWN}).fetchall()
+            facts["tables"] = [TableHealth(**row) for row in tables]
     except RuntimeFailure as exc:
         return {"error": str(exc)}
     return facts
@@ -110,6 +136,7 @@ def _embedded(settings: Settings) -> DatabaseStatus:
         data_checksums=facts.get("data_checksums"),
         schema=facts.get("schema"),
         log=folder / "log",
+        tables=facts.get("tables"),
         error=facts.get("error"),
     )
 
@@ -129,6 +156,7 @@ def _configured(settings: Settings) -> DatabaseStatus:
         wal_compression=facts.get("wal_compression"),
         data_checksums=facts.get("data_checksums"),
         schema=facts.get("schema"),
+        tables=facts.get("tables"),
         error=facts.get("error"),
     )
 

@@ -208,6 +208,45 @@ def test_status_of_a_configured_server_redacts_and_measures(cli_env, database_ur
     assert ("ALTER SYSTEM SET wal_compression" in text) == (compression == "off")
 
 
+def test_status_lists_the_largest_tables_as_autovacuum_sees_them(cli_env, database_url, conn):
+    """What grows with weeks of load, per table: size, live rows and dead versions, the last
+    vacuum, and how the updates went (heap-only; written whole on another page, from 16 on)."""
+    from media_hooks_tests.factories import add_deliveries, add_destination
+
+    add_destination(conn, "cdn", url="http://127.0.0.1:9/")
+    add_deliveries(conn, "cdn", 40)
+    moved = conn.execute("UPDATE webhook_delivery SET wait_reason = 'x'").rowcount
+    conn.execute("SELECT pg_stat_force_next_flush()")
+
+    def counted() -> int:
+        with psycopg.connect(database_url) as reader:
+            found = reader.execute(
+                "SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'webhook_delivery'"
+            ).fetchone()
+        return found[0]
+
+    wait_for(lambda: counted() >= moved, "the updates in the statistics", 30)
+    document = json.loads(run_cli("db", "status", "--json", env=cli_env).stdout)
+    tables = {t["name"]: t for t in document["tables"]}
+    assert len(document["tables"]) <= 8
+    sizes = [t["total_bytes"] for t in document["tables"]]
+    assert sizes == sorted(sizes, reverse=True)
+    deliveries = tables["webhook_delivery"]
+    assert deliveries["updates"] >= moved == 40
+    assert 0 <= deliveries["heap_only_updates"] <= deliveries["updates"]
+    assert deliveries["total_bytes"] > deliveries["index_bytes"] > 0
+    assert deliveries["live_rows"] + deliveries["dead_rows"] > 0
+    version = int(_setting(database_url, "server_version_num")) // 10000
+    if version >= 16:
+        assert 0 <= deliveries["new_page_updates"] <= deliveries["updates"]
+    else:
+        assert deliveries["new_page_updates"] is None
+    text = run_cli("db", "status", env=cli_env).stdout
+    assert "largest tables" in text
+    (line,) = [row for row in text.splitlines() if row.strip().startswith("webhook_delivery ")]
+    assert f"{deliveries['updates']:,}" in line
+
+
 def test_status_of_an_unreachable_server_is_exit_1_without_the_password():
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEDIA_HOOKS_")}
     env["MEDIA_HOOKS_DATABASE_URL"] = f"postgresql://postgres:{PASSWORD}@127.0.0.1:1/media_hooks"

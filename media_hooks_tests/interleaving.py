@@ -68,6 +68,15 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 15.0) ->
     pytest.fail(f"timed out waiting for {what}")
 
 
+def wait_until_gone(conn: psycopg.Connection, pid: int, timeout: float = 15.0) -> None:
+    """Wait until backend ``pid`` has left ``pg_stat_activity``: a session its client has
+    closed stays listed while its backend exits, and what counts sessions must not see it."""
+    listed = "SELECT 1 FROM pg_stat_activity WHERE pid = %s"
+    wait_for(
+        lambda: conn.execute(listed, (pid,)).fetchone() is None, f"backend {pid} to exit", timeout
+    )
+
+
 @contextmanager
 def snapshot_held(
     database_url: str, application_name: str = "nightly-report", *, write: bool = False

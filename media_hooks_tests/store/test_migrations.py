@@ -24,7 +24,7 @@ from media_hooks.store import migrations, sessions, sqlfiles
 from media_hooks_tests.conftest import REPO, run_cli, run_cli_together
 from media_hooks_tests.factories import add_destination
 from media_hooks_tests.fingerprints import schema_fingerprint
-from media_hooks_tests.interleaving import open_session, wait_for
+from media_hooks_tests.interleaving import open_session, wait_for, wait_until_gone
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # A statement that defines a function, after the comment lines that may precede it.
@@ -494,8 +494,16 @@ def _run_as_release_of(
     )
 
 
-def _named(url: str, application_name: str) -> psycopg.Connection:
-    return open_session(url, autocommit=True, application_name=application_name)
+@contextmanager
+def _named(url: str, application_name: str) -> Iterator[psycopg.Connection]:
+    """A session named as a program names itself, closed and waited out on the way out: the
+    migration counts the sessions ``pg_stat_activity`` lists, a closed one among them until its
+    backend has exited."""
+    with open_session(url, autocommit=True, application_name=application_name) as session:
+        pid = session.info.backend_pid
+        yield session
+    with psycopg.connect(url, autocommit=True) as observer:
+        wait_until_gone(observer, pid)
 
 
 def _index_exists(conn: psycopg.Connection, name: str) -> bool:
@@ -533,7 +541,9 @@ def test_a_contract_migration_waits_while_a_release_before_it_is_connected(empty
             migrations.require_current(conn)
         assert _index_exists(conn, "webhook_delivery_due")
         # One of them gone, the other still holds it.
+        pid = unnamed.info.backend_pid
         unnamed.close()
+        wait_until_gone(conn, pid)
         assert migrations.migrate(conn).waiting_for == f"sweeps 1 (g{CONTRACT.version - 1})"
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
         with _named(empty_database_url, ours):

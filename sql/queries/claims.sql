@@ -13,7 +13,11 @@ SELECT EXISTS (SELECT 1 FROM dispatch_outbox WHERE run_id = %(run_id)s) AS dispa
 --   rows by the wrong index and sorted them, or every destination's, before the first one.
 --   The statements that run after it (due_destinations, claim_destination_page) each have a plan
 --   by webhook_delivery_due_by_destination in order, which these settings leave the cheapest.
-SELECT set_config('enable_seqscan', 'off', true), set_config('enable_sort', 'off', true);
+--   A disabled node a plan still needs is priced at 1e10, past every JIT threshold: on a
+--   server built with JIT such a claim would compile for seconds what runs in a millisecond
+--   (as the check's statements did), so JIT is off with them.
+SELECT set_config('enable_seqscan', 'off', true), set_config('enable_sort', 'off', true),
+       set_config('jit', 'off', true);
 
 -- name: due_destinations
 -- description: The destinations of a cohort that have due pending deliveries and may be sent

@@ -380,7 +380,7 @@ def test_the_default_check_reads_through_indexes(loaded, name):
     """`media-hooks check` without --all: every statement reads the big tables through an
     index, with the settings the check runs under (media_hooks.observe.checks.run)."""
     with loaded.transaction(force_rollback=True):
-        loaded.execute("SET LOCAL enable_seqscan = off")
+        loaded.execute(query("check_through_indexes"))
         statement = f"EXPLAIN (FORMAT JSON) {query(name)}"
         (plan,) = loaded.execute(statement.encode(), _check_parameters()).fetchone()["QUERY PLAN"]
     print(f"\n{name}:\n{json.dumps(plan['Plan'], indent=1)[:4000]}")

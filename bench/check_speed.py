@@ -33,58 +33,89 @@ from media_hooks.observe import checks
 
 DESTINATIONS = 20
 
-# Of every 1000 deliveries: 900 succeeded, 50 dead, 40 pending, 5 enqueued, 5 leased.
+# Of every 1000 deliveries: 900 succeeded and 50 dead (history, with their dispatch and their
+# attempt), 40 pending, 5 enqueued and 5 leased (open; an attempt in flight is its lease), each
+# with its identity and its body, as the emit, the claim, the lease and the record write them.
 SEED = """
-WITH made AS (
-    INSERT INTO webhook_delivery
-        (delivery_id, destination_id, asset_id, event_type, payload, body, state,
-         attempt_count, budget_used, dispatch_count, current_message_id, lease_until,
-         lease_token, last_outcome, next_attempt_at, created_at, updated_at)
-    SELECT 'd-' || g, 'dest-' || (g %% %(destinations)s + 1), 'asset-' || g, 'transcode.completed',
-           jsonb_build_object('n', g),
-           convert_to(json_build_object('type', 'transcode.completed', 'n', g)::text, 'UTF8'),
-           s.state,
-           CASE WHEN s.state IN ('pending', 'enqueued') THEN 0 ELSE 1 END,
-           CASE WHEN s.state IN ('pending', 'enqueued') THEN 0 ELSE 1 END,
-           CASE WHEN s.state = 'pending' THEN 0 ELSE 1 END,
-           CASE WHEN s.state <> 'pending' THEN 'd-' || g || ':1' END,
-           CASE WHEN s.state = 'leased' THEN now() + interval '90 seconds' END,
-           CASE WHEN s.state = 'leased' THEN gen_random_uuid() END,
-           CASE s.state WHEN 'succeeded' THEN 'success' WHEN 'dead' THEN 'rejected' END,
-           now() - make_interval(secs => g %% 600),
-           now() - make_interval(secs => 259200.0 * g / %(rows)s),
-           now() - make_interval(secs => 259200.0 * g / %(rows)s)
+WITH made AS MATERIALIZED (
+    SELECT 'd-' || g AS delivery_id, 'dest-' || (g %% %(destinations)s + 1) AS destination_id,
+           'asset-' || g AS asset_id, g, s.state,
+           now() - make_interval(secs => 259200.0 * g / %(rows)s) AS at
     FROM generate_series(1, %(rows)s) AS g,
          LATERAL (SELECT CASE WHEN g %% 1000 < 900 THEN 'succeeded'
                               WHEN g %% 1000 < 950 THEN 'dead'
                               WHEN g %% 1000 < 990 THEN 'pending'
                               WHEN g %% 1000 < 995 THEN 'enqueued'
                               ELSE 'leased' END AS state) AS s
-    RETURNING *
 ),
 identities AS (
-    INSERT INTO delivery_identity (delivery_id) SELECT delivery_id FROM made
+    INSERT INTO delivery_identity (delivery_id, destination_id, created_at)
+    SELECT delivery_id, destination_id, at FROM made
+),
+bodies AS (
+    INSERT INTO delivery_body (delivery_id, created_at, payload, body)
+    SELECT delivery_id, at, jsonb_build_object('n', g),
+           convert_to(json_build_object('type', 'transcode.completed', 'n', g)::text, 'UTF8')
+    FROM made
+),
+ended AS (
+    INSERT INTO delivery_history
+        (delivery_id, destination_id, asset_id, event_type, created_at, queued, state,
+         attempt_count, budget_used, budget_started_at, dispatch_count, next_attempt_at,
+         current_message_id, last_outcome, finished_at)
+    SELECT delivery_id, destination_id, asset_id, 'transcode.completed', at, false, state,
+           1, 1, at, 1, at, delivery_id || ':1',
+           CASE state WHEN 'succeeded' THEN 'success' ELSE 'rejected' END,
+           at + interval '1 second'
+    FROM made WHERE state IN ('succeeded', 'dead')
+),
+open AS (
+    INSERT INTO delivery_state
+        (delivery_id, destination_id, asset_id, event_type, created_at, queued, state,
+         attempt_count, budget_used, budget_started_at, dispatch_count, next_attempt_at,
+         lease_until, lease_token, lease_started_at, current_message_id, updated_at)
+    SELECT delivery_id, destination_id, asset_id, 'transcode.completed', at, false, state,
+           CASE WHEN state = 'leased' THEN 1 ELSE 0 END,
+           CASE WHEN state = 'leased' THEN 1 ELSE 0 END,
+           at, CASE WHEN state = 'pending' THEN 0 ELSE 1 END,
+           now() - make_interval(secs => g %% 600),
+           CASE WHEN state = 'leased' THEN now() + interval '90 seconds' END,
+           CASE WHEN state = 'leased' THEN gen_random_uuid() END,
+           CASE WHEN state = 'leased' THEN at END,
+           CASE WHEN state <> 'pending' THEN delivery_id || ':1' END, at
+    FROM made WHERE state IN ('pending', 'enqueued', 'leased')
+    RETURNING delivery_id, destination_id, state, next_attempt_at, lease_until, updated_at
+),
+timers AS (
+    INSERT INTO delivery_timer (delivery_id, destination_id, kind, fire_at)
+    SELECT delivery_id, destination_id,
+           CASE WHEN state = 'pending' THEN 'due' ELSE 'inflight' END,
+           CASE state WHEN 'pending' THEN next_attempt_at WHEN 'leased' THEN lease_until
+                      ELSE updated_at END
+    FROM open
 ),
 outbox AS (
-    INSERT INTO dispatch_outbox_v2
-        (message_id, delivery_id, dispatch_no, destination_id, run_id, created_at, published_at)
-    SELECT current_message_id, delivery_id, 1, destination_id, 'run-' || (updated_at::date),
-           updated_at, CASE WHEN state <> 'enqueued' THEN updated_at END
+    INSERT INTO dispatch_outbox_v3
+        (message_id, delivery_id, dispatch_no, destination_id, run_id, delivery_created_at,
+         created_at, published_at)
+    SELECT delivery_id || ':1', delivery_id, 1, destination_id, 'run-' || (at::date), at, at, at
     FROM made WHERE state <> 'pending'
 )
-INSERT INTO delivery_attempt
-    (delivery_id, attempt_no, destination_id, message_id, run_id, lease_token, started_at,
-     finished_at, outcome, http_status)
-SELECT delivery_id, 1, destination_id, current_message_id, 'run-' || (updated_at::date),
-       coalesce(lease_token, gen_random_uuid()), updated_at - interval '1 second',
-       CASE WHEN state <> 'leased' THEN updated_at END, last_outcome,
-       CASE state WHEN 'succeeded' THEN 200 WHEN 'dead' THEN 410 END
-FROM made WHERE state IN ('succeeded', 'dead', 'leased')
+INSERT INTO delivery_attempt_v2
+    (delivery_id, attempt_no, destination_id, message_id, run_id, lease_token,
+     delivery_created_at, started_at, finished_at, outcome, http_status)
+SELECT delivery_id, 1, destination_id, delivery_id || ':1', 'run-' || (at::date),
+       gen_random_uuid(), at, at, at + interval '1 second',
+       CASE state WHEN 'succeeded' THEN 'success' ELSE 'rejected' END,
+       CASE state WHEN 'succeeded' THEN 200 ELSE 410 END
+FROM made WHERE state IN ('succeeded', 'dead')
 """
 
+# Ids of deliveries retention dropped within the duplicate window: identities no table's
+# delivery holds.
 TOMBSTONES = """
-INSERT INTO delivery_identity (delivery_id, destination_id, created_at, final_state, purged_at)
-SELECT 'purged-' || g, 'dest-1', now() - interval '40 days', 'succeeded', now() - interval '9 days'
+INSERT INTO delivery_identity (delivery_id, destination_id, created_at)
+SELECT 'purged-' || g, 'dest-1', now() - interval '40 days'
 FROM generate_series(1, %(rows)s) AS g
 """
 

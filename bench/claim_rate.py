@@ -11,9 +11,11 @@ At each page size, a destination's backlog claimed as a delivery run claims it:
 
 And ``sketch``: the design record's ``enqueue_due_page`` as written (a page selected FOR
 UPDATE SKIP LOCKED, then an INSERT and an UPDATE per row, page size 250), adapted only to
-name the columns our outbox's table has (since migration 0027 the body is read from the
-delivery, not stored with each dispatch, so the sketch's copy of it is left out too; since
-0032 a message id names its dispatch, ``delivery_id:1`` here, where the record hashed the id).
+name the tables and columns this layout has: the due rows are the timer's, and the row's update
+moves its state row and sets its timer in flight in one statement (since migration 0027 the
+body is read from the delivery, not stored with each dispatch, so the sketch's copy of it, and
+its read of the payload, are left out; since 0032 a message id names its dispatch,
+``delivery_id:1`` here, where the record hashed the id).
 And ``run_unanalyzed`` beside ``run_analyzed``: the claim, pages of 250, on a backlog whose
 statistics are those of the empty tables (its speed must not depend on ANALYZE having run).
 
@@ -40,22 +42,30 @@ from media_hooks.store.sqlfiles import query
 DESTINATION = "dest-1"
 SKETCH_PAGE = 250
 SKETCH_SELECT = """
-SELECT delivery_id, destination_id, asset_id, event_type, payload
-FROM webhook_delivery
-WHERE state = 'pending' AND next_attempt_at <= now()
-ORDER BY next_attempt_at, delivery_id
-FOR UPDATE SKIP LOCKED
+SELECT s.delivery_id, s.destination_id, s.created_at
+FROM delivery_timer AS t
+JOIN delivery_state AS s USING (delivery_id)
+WHERE t.kind = 'due' AND t.fire_at <= now() AND s.state = 'pending'
+ORDER BY t.fire_at, t.delivery_id
+FOR UPDATE OF t, s SKIP LOCKED
 LIMIT %s
 """
 SKETCH_INSERT = """
-INSERT INTO dispatch_outbox_v2 (message_id, delivery_id, dispatch_no, destination_id, run_id, created_at)
-VALUES (%s, %s, 1, %s, %s, now())
-ON CONFLICT (message_id) DO NOTHING
+INSERT INTO dispatch_outbox_v3
+    (message_id, delivery_id, dispatch_no, destination_id, run_id, delivery_created_at, created_at)
+VALUES (%s, %s, 1, %s, %s, %s, now())
+ON CONFLICT (message_id, delivery_created_at) DO NOTHING
 """
 SKETCH_UPDATE = """
-UPDATE webhook_delivery
-SET state = 'enqueued', updated_at = now()
-WHERE delivery_id = %s AND state = 'pending'
+WITH moved AS (
+    UPDATE delivery_state
+    SET state = 'enqueued', updated_at = now()
+    WHERE delivery_id = %(delivery_id)s AND state = 'pending'
+    RETURNING delivery_id
+)
+UPDATE delivery_timer
+SET kind = 'inflight', fire_at = now()
+WHERE delivery_id IN (SELECT delivery_id FROM moved)
 """
 
 
@@ -129,9 +139,10 @@ def sketch(url: str, page_size: int = SKETCH_PAGE) -> int:
                     message_id = f"{row['delivery_id']}:1"
                     conn.execute(
                         SKETCH_INSERT,
-                        [message_id, row["delivery_id"], row["destination_id"], "sketch"],
-                    )
-                    conn.execute(SKETCH_UPDATE, [row["delivery_id"]])
+                        [message_id, row["delivery_id"], row["destination_id"], "sketch",
+                         row["created_at"]],
+                    )  # fmt: skip
+                    conn.execute(SKETCH_UPDATE, {"delivery_id": row["delivery_id"]})
             total += len(rows)
             if len(rows) < page_size:
                 return total

@@ -6,8 +6,9 @@
 - ``emit --file``: ``media-hooks emit --file`` on a JSON-lines file, the whole process
   (interpreter start, parsing, the same bulk path).
 - ``bare COPY``: the rows ``emit_many`` wrote (read back from its database: the same ids,
-  bodies and timestamps) copied straight into ``webhook_delivery`` with binary COPY: the floor
-  of writing them, with no validation, no staging and no conflict check.
+  bodies and timestamps) copied straight into the tables it wrote them to (identity, body,
+  state, timer) with binary COPY, one transaction: the floor of writing them, with no
+  validation, no staging and no conflict check.
 
 Each run writes into a fresh clone of a database holding one destination.
 """
@@ -33,11 +34,27 @@ from media_hooks.outbox.emit import Event, emit_many
 DESTINATION = "bench-publisher"
 # Issue 2's target for bulk emit.
 TARGET_PER_SECOND = 20_000
-COLUMNS = (
-    "delivery_id, destination_id, asset_id, event_type, payload, body, "
-    "created_at, updated_at, next_attempt_at, budget_started_at"
-)
-COPY_TYPES = ["text", "text", "text", "text", "jsonb", "bytea"] + ["timestamptz"] * 4
+# What emit_many writes for a delivery, table by table (sql/queries/emit.sql), in the order
+# COPY writes them: each table's columns and their types.
+WRITTEN = {
+    "delivery_identity": (
+        "delivery_id, destination_id, created_at",
+        ["text", "text", "timestamptz"],
+    ),
+    "delivery_body": (
+        "delivery_id, created_at, payload, body",
+        ["text", "timestamptz", "jsonb", "bytea"],
+    ),
+    "delivery_state": (
+        "delivery_id, destination_id, asset_id, event_type, created_at, updated_at, "
+        "next_attempt_at, budget_started_at, emit_seq, wait_reason, queued",
+        ["text"] * 4 + ["timestamptz"] * 4 + ["int8", "text", "bool"],
+    ),
+    "delivery_timer": (
+        "delivery_id, destination_id, kind, fire_at",
+        ["text", "text", "text", "timestamptz"],
+    ),
+}
 
 
 def events(rows: int) -> Iterator[Event]:
@@ -79,27 +96,34 @@ def _emit_file(session: Session, url: str, path: Path, rows: int) -> dict[str, A
     return {"per_second": rows / finished.seconds}
 
 
-def _written_rows(url: str) -> list[tuple[Any, ...]]:
-    """The rows as ``emit_many`` wrote them, ready for COPY (payload as its JSON text)."""
+def _written_rows(url: str) -> dict[str, list[tuple[Any, ...]]]:
+    """The rows as ``emit_many`` wrote them, table by table, ready for COPY (a payload as its
+    JSON text: COPY sends it without parsing it in Python)."""
+    written = {}
     with psycopg.connect(url) as conn:
-        rows = conn.execute(
-            f"SELECT {COLUMNS.replace('payload', 'payload::text')} FROM webhook_delivery"
-        ).fetchall()
-    # The JSON text as it is: COPY sends it without parsing it in Python.
-    return [(*row[:4], Jsonb(row[4], dumps=str), *row[5:]) for row in rows]
+        for table, (columns, _) in WRITTEN.items():
+            names = columns.split(", ")
+            read = ", ".join("payload::text" if n == "payload" else n for n in names)
+            rows = conn.execute(f"SELECT {read} FROM {table}").fetchall()
+            if "payload" in names:
+                at = names.index("payload")
+                rows = [(*r[:at], Jsonb(r[at], dumps=str), *r[at + 1 :]) for r in rows]
+            written[table] = rows
+    return written
 
 
-def _bare_copy(url: str, rows: list[tuple[Any, ...]]) -> dict[str, Any]:
+def _bare_copy(url: str, written: dict[str, list[tuple[Any, ...]]]) -> dict[str, Any]:
     with psycopg.connect(url) as conn:
         started = time.perf_counter()
         with conn.cursor() as cur:
-            statement = f"COPY webhook_delivery ({COLUMNS}) FROM STDIN (FORMAT binary)"
-            with cur.copy(statement) as copy:
-                copy.set_types(COPY_TYPES)
-                for row in rows:
-                    copy.write_row(row)
+            for table, (columns, types) in WRITTEN.items():
+                with cur.copy(f"COPY {table} ({columns}) FROM STDIN (FORMAT binary)") as copy:
+                    copy.set_types(types)
+                    for row in written[table]:
+                        copy.write_row(row)
         conn.commit()
-        return {"per_second": len(rows) / (time.perf_counter() - started)}
+        rows = len(written["delivery_state"])
+        return {"per_second": rows / (time.perf_counter() - started)}
 
 
 def measure(session: Session) -> dict[str, Any]:

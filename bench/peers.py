@@ -27,14 +27,30 @@ import psycopg
 import requests
 
 PENDING = """
-SELECT d.delivery_id, w.url, d.body
-FROM webhook_delivery AS d JOIN webhook_destination AS w USING (destination_id)
-WHERE d.state = 'pending'
-ORDER BY d.next_attempt_at, d.delivery_id
+SELECT s.delivery_id, w.url, b.body
+FROM delivery_state AS s
+JOIN webhook_destination AS w USING (destination_id)
+JOIN delivery_body AS b ON b.delivery_id = s.delivery_id AND b.created_at = s.created_at
+WHERE s.state = 'pending'
+ORDER BY s.next_attempt_at, s.delivery_id
 """
+# A delivery that succeeded leaves the open deliveries for history (its timer with it).
 MARK_SUCCEEDED = """
-UPDATE webhook_delivery SET state = 'succeeded', last_outcome = 'success', updated_at = now()
-WHERE delivery_id = %s AND state = 'pending'
+WITH ended AS (
+    DELETE FROM delivery_state WHERE delivery_id = %s AND state = 'pending'
+    RETURNING *
+),
+timer AS (
+    DELETE FROM delivery_timer WHERE delivery_id IN (SELECT delivery_id FROM ended)
+)
+INSERT INTO delivery_history
+    (delivery_id, destination_id, asset_id, event_type, created_at, emit_seq, queued, state,
+     attempt_count, budget_used, budget_started_at, dispatch_count, next_attempt_at,
+     last_outcome, finished_at)
+SELECT delivery_id, destination_id, asset_id, event_type, created_at, emit_seq, queued,
+       'succeeded', attempt_count, budget_used, budget_started_at, dispatch_count,
+       next_attempt_at, 'success', now()
+FROM ended
 """
 PROCRASTINATE_TASK = "bench.peers.post_body"
 

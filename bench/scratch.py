@@ -134,15 +134,42 @@ def add_destinations(url: str, destinations: Sequence[Destination]) -> None:
         cur.executemany(ADD_DESTINATION, [astuple(d) for d in destinations])
 
 
+# Due deliveries as the emit writes them (sql/queries/emit.sql): the identity complete, the body
+# once, the state row (queued as its destination says) and a due timer.
 SEED_DELIVERIES = """
-INSERT INTO webhook_delivery (delivery_id, destination_id, asset_id, event_type, payload, body)
-SELECT %(prefix)s || d.destination_id || '-' || g, d.destination_id, 'asset-' || g,
-       'transcode.completed', jsonb_build_object('n', g, 'rendition', '1080p'),
-       convert_to(json_build_object('type', 'transcode.completed', 'asset_id', 'asset-' || g,
-                  'data', json_build_object('n', g, 'rendition', '1080p'))::text, 'UTF8')
-FROM unnest(%(destinations)s::text[], %(counts)s::integer[]) AS d(destination_id, rows),
-     generate_series(1, d.rows) AS g
+WITH made AS MATERIALIZED (
+    SELECT %(prefix)s || d.destination_id || '-' || g AS delivery_id, d.destination_id,
+           'asset-' || g AS asset_id, g,
+           w.ordering = 'asset' OR w.coalescing = 'asset' AS queued
+    FROM unnest(%(destinations)s::text[], %(counts)s::integer[]) AS d(destination_id, rows)
+    JOIN webhook_destination AS w USING (destination_id),
+         generate_series(1, d.rows) AS g
+),
+identity AS (
+    INSERT INTO delivery_identity (delivery_id, destination_id, created_at)
+    SELECT delivery_id, destination_id, now() FROM made
+),
+body AS (
+    INSERT INTO delivery_body (delivery_id, created_at, payload, body)
+    SELECT delivery_id, now(), jsonb_build_object('n', g, 'rendition', '1080p'),
+           convert_to(json_build_object('type', 'transcode.completed', 'asset_id', asset_id,
+                      'data', json_build_object('n', g, 'rendition', '1080p'))::text, 'UTF8')
+    FROM made
+),
+state AS (
+    INSERT INTO delivery_state
+        (delivery_id, destination_id, asset_id, event_type, created_at, updated_at,
+         next_attempt_at, budget_started_at, queued)
+    SELECT delivery_id, destination_id, asset_id, 'transcode.completed', now(), now(), now(),
+           now(), queued
+    FROM made
+)
+INSERT INTO delivery_timer (delivery_id, destination_id, kind, fire_at)
+SELECT delivery_id, destination_id, 'due', now() FROM made
 """
+# The tables whose statistics a claim is planned from (the dispatches it writes are only
+# inserted).
+CLAIMED_TABLES = ("delivery_state", "delivery_timer")
 
 
 def spread(rows: int, destination_ids: Sequence[str]) -> dict[str, int]:
@@ -162,7 +189,7 @@ def add_due_deliveries(
     reached)."""
     with psycopg.connect(url, autocommit=True) as conn:
         if not analyze:
-            for table in ("webhook_delivery", "dispatch_outbox_v2", "delivery_attempt"):
+            for table in CLAIMED_TABLES:
                 conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
             conn.execute("ANALYZE")
         conn.execute(

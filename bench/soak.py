@@ -218,7 +218,7 @@ class Chaos:
         done = cli(self.env, "db", "migrate")
         with psycopg.connect(self.url, application_name="soak:next release") as conn:
             conn.execute("SET LOCAL lock_timeout = '2s'")
-            conn.execute("ALTER TABLE webhook_delivery ADD COLUMN next_release_note text")
+            conn.execute("ALTER TABLE delivery_state ADD COLUMN next_release_note text")
             conn.execute(
                 "INSERT INTO schema_migrations (version, name, checksum)"
                 " VALUES (9001, '9001_next_release.sql', 'soak')"
@@ -229,7 +229,7 @@ class Chaos:
         with psycopg.connect(self.url, application_name="soak:operator") as conn:
             # Rows a run is about to lease (enqueued) and rows it would claim next (pending).
             locked = conn.execute(
-                "SELECT count(*) FROM (SELECT 1 FROM webhook_delivery"
+                "SELECT count(*) FROM (SELECT 1 FROM delivery_state"
                 " WHERE destination_id = 'dest-2' AND state IN ('enqueued', 'pending')"
                 " ORDER BY state, delivery_id LIMIT 60 FOR UPDATE) AS held"
             ).fetchone()[0]
@@ -419,7 +419,7 @@ def soak(size_name: str, seed: int, out: Path) -> int:
 
 
 OUTAGES = ("connections killed", "publisher outage")
-NEXT = "the next release's migration 9001 (a column on webhook_delivery)"
+NEXT = "the next release's migration 9001 (a column on delivery_state)"
 
 
 def chaos_phase(

@@ -24,6 +24,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from bench.scratch import (
+    CLAIMED_TABLES,
     add_destinations,
     add_due_deliveries,
     scratch_database,
@@ -63,7 +64,8 @@ def main() -> None:
         add_destinations(url, unlimited_destinations("http://127.0.0.1:9/", 1, 64))
         add_due_deliveries(url, "s-", {"dest-1": rows})  # analyzed while pending
         with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-            conn.execute("ALTER TABLE webhook_delivery SET (autovacuum_enabled = false)")
+            for table in CLAIMED_TABLES:
+                conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
             pid = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"]
             messages: list[Message] = []
             taken: list[Lease] = []

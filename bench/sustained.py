@@ -12,17 +12,18 @@ Three processes work at once (``bench.sustained_roles``) on one scratch database
 emitting in bulk (COPY, in its own transactions) whenever fewer than a backlog's worth are due;
 the engine (``deliver_due``, run after run) delivering to an instant receiver, some of whose
 publishers answer 500 to a share of their requests (so retries and dead letters exist); and
-retention purging terminal deliveries on a short window, with a duplicate window a few times
-longer. Autovacuum runs at the server's defaults: where the server has it off (the system
-PostgreSQL of these machines), it is turned on for the run (``ALTER SYSTEM``) and back off
-after it.
+retention dropping the history tables' partitions, each as wide as its short window, once every
+delivery in one has ended a window ago, with a duplicate window a few times longer. Autovacuum
+runs at the server's defaults: where the server has it off (the system PostgreSQL of these
+machines), it is turned on for the run (``ALTER SYSTEM``) and back off after it.
 
 The run is cut into 20 windows of 5% of its deliveries (a delivery counts when it reaches a
 terminal state, succeeded or dead; the producer keeps emitting until the last window closes, so
 no window drains a backlog without load). Each window records deliveries per second, the p50
 and p99 latency of the engine's claim, lease and record statements (timed in the engine
 process), the WAL written per delivery (``pg_current_wal_lsn``), each table's HOT-update
-ratio, sizes, dead tuples and autovacuum runs (``pg_stat_user_tables``). Writes
+ratio, sizes, dead tuples and autovacuum runs (``pg_stat_user_tables``; a partitioned table's
+partitions summed, and the rows of those retention dropped counted). Writes
 ``sustained.json``, ``SUMMARY.md`` (the issue's targets, met or not and by how much) and one
 PNG per metric to ``--out``.
 
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -54,6 +56,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from bench import processes, stats, sustained_history
@@ -62,20 +65,25 @@ from bench.scratch import RESULTS, Destination, Scratch, add_destinations, machi
 from bench.scratch import server_url as default_server_url
 from bench.wal import WalRead, WalReader, breakdown
 from media_hooks.observe import checks
+from media_hooks.outbox.maintenance import partitions
 
 WINDOWS = 20
-# The tables whose statistics and sizes each window records; the first four hold the history
-# that retention keeps flat.
+# The tables whose statistics and sizes each window records (a partitioned one's partitions
+# summed); the first seven hold the deliveries, open and ended, that retention keeps flat.
 TABLES = (
-    "webhook_delivery",
-    "dispatch_outbox_v2",
-    "delivery_attempt",
+    "delivery_state",
+    "delivery_timer",
+    "delivery_body",
+    "delivery_history",
+    "dispatch_outbox_v3",
+    "delivery_attempt_v2",
     "delivery_identity",
     "destination_limiter",
     "webhook_destination",
 )
-HISTORY = TABLES[:4]
+HISTORY = TABLES[:7]
 STOP_SECONDS = 60
+DAY = 86_400
 
 
 @dataclass(frozen=True)
@@ -109,7 +117,10 @@ class Size:
 
 
 SIZES = {
-    "ci": Size("ci", 10_000, 4, 1, 40, 4, 1_200, 400, 250, 2_000, 3, 8, 1, 3, 0.2, 1, 50),
+    # At 700 a second the run lasts at least 14 s on any machine, whatever the engine's speed,
+    # and retention (a second's window, every half second) drops ranges behind it several
+    # times: unthrottled, a fast machine ended the run before the first range was done with.
+    "ci": Size("ci", 10_000, 4, 1, 40, 4, 1_200, 400, 250, 2_000, 1, 4, 0.5, 3, 0.2, 1, 60, rate=700),
     "report": Size("report", 60_000, 8, 2, 40, 4, 3_000, 1_000, 250, 10_000, 30, 90, 5, 3, 0.5, 4, 900),
     "baseline": Size(
         "baseline", 300_000, 8, 2, 40, 4, 3_000, 1_000, 250, 10_000, 15, 45, 5, 3, 0.5, 4, 3_600
@@ -185,7 +196,30 @@ def destinations(size: Size, receiver: str) -> list[Destination]:
     return made
 
 
+def partition_seconds(size: Size) -> int:
+    """How wide the history tables' partitions are for a run: as its retention window, a day at
+    most (the default). Retention drops a range once every delivery in it ended a window ago, so
+    that a window of seconds keeps the history flat as a month's does in production."""
+    return min(DAY, math.ceil(size.retain_seconds))
+
+
+def narrow_partitions(url: str, seconds: int) -> None:
+    """Partitions ``seconds`` wide from now on, in a fresh database (nothing in them yet): the
+    migration's, a day wide, are dropped, and the ones retention and delivery runs make ahead
+    from then on start a range before now."""
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        width = conn.execute("SELECT width_seconds FROM media_hooks_partitioning").fetchone()
+        if width["width_seconds"] == seconds:
+            return
+        for made in conn.execute("SELECT child FROM media_hooks_partition").fetchall():
+            conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(made["child"])))
+        conn.execute("DELETE FROM media_hooks_partition")
+        conn.execute("UPDATE media_hooks_partitioning SET width_seconds = %s", (seconds,))
+        partitions.make_ahead(conn)
+
+
 def seed(url: str, size: Size, receiver: str) -> list[str]:
+    narrow_partitions(url, partition_seconds(size))
     targets = destinations(size, receiver)
     add_destinations(url, targets)
     with psycopg.connect(url, autocommit=True) as conn:
@@ -199,28 +233,35 @@ def seed(url: str, size: Size, receiver: str) -> list[str]:
 
 # Snapshots -------------------------------------------------------------------------------------
 
+# Each table's counters and sizes, a partitioned table's by partition (``name``) under its
+# own (``table``).
 TABLE_FIGURES = """
-SELECT s.relname AS name, s.n_tup_ins, s.n_tup_upd, s.n_tup_hot_upd, s.n_tup_del,
-       (to_jsonb(s) ->> 'n_tup_newpage_upd')::bigint AS n_tup_newpage_upd,
+SELECT s.relname AS name, r.relname AS table, s.n_tup_ins, s.n_tup_upd, s.n_tup_hot_upd,
+       s.n_tup_del, (to_jsonb(s) ->> 'n_tup_newpage_upd')::bigint AS n_tup_newpage_upd,
        s.n_live_tup, s.n_dead_tup, s.autovacuum_count, s.autoanalyze_count,
        pg_total_relation_size(s.relid) AS total_bytes, pg_relation_size(s.relid) AS heap_bytes,
        pg_indexes_size(s.relid) AS index_bytes
 FROM pg_stat_user_tables AS s
-WHERE s.relname = ANY (%(tables)s)
+JOIN pg_class AS r ON r.oid = coalesce(pg_partition_root(s.relid), s.relid)
+WHERE r.relname = ANY (%(tables)s)
 """
+# A partitioned index's partitions summed under its own name.
 INDEX_SIZES = """
-SELECT i.relname AS table_name, i.indexrelname AS name, pg_relation_size(i.indexrelid) AS bytes,
-       i.idx_scan
+SELECT t.relname AS table_name, x.relname AS name, sum(pg_relation_size(i.indexrelid)) AS bytes,
+       sum(i.idx_scan) AS idx_scan
 FROM pg_stat_user_indexes AS i
-WHERE i.relname = ANY (%(tables)s)
-ORDER BY i.relname, i.indexrelname
+JOIN pg_class AS t ON t.oid = coalesce(pg_partition_root(i.relid), i.relid)
+JOIN pg_class AS x ON x.oid = coalesce(pg_partition_root(i.indexrelid), i.indexrelid)
+WHERE t.relname = ANY (%(tables)s)
+GROUP BY t.relname, x.relname
+ORDER BY t.relname, x.relname
 """
 # lsn: where the WAL is flushed to, the furthest pg_walinspect reads on PostgreSQL 15.
 WAL = """
 SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS wal,
        pg_current_wal_flush_lsn()::text AS lsn, (SELECT wal_fpi FROM pg_stat_wal) AS fpi
 """
-STATES = "SELECT state, count(*) AS n FROM webhook_delivery GROUP BY state ORDER BY state"
+STATES = "SELECT state, count(*) AS n FROM webhook_delivery_all GROUP BY state ORDER BY state"
 
 
 def wal_position(conn: psycopg.Connection) -> dict[str, Any]:
@@ -230,9 +271,41 @@ def wal_position(conn: psycopg.Connection) -> dict[str, Any]:
 
 
 def snapshot(conn: psycopg.Connection) -> dict[str, Any]:
-    """The server's WAL position and each table's counters and sizes, now."""
+    """The server's WAL position and each table's (and partition's) counters and sizes, now."""
     rows = conn.execute(TABLE_FIGURES, {"tables": list(TABLES)}).fetchall()
     return {**wal_position(conn), "tables": {r["name"]: dict(r) for r in rows}}
+
+
+COUNTERS = ("n_tup_ins", "n_tup_upd", "n_tup_hot_upd", "n_tup_del", "n_tup_newpage_upd",
+            "autovacuum_count", "autoanalyze_count")  # fmt: skip
+GAUGES = ("n_live_tup", "n_dead_tup", "total_bytes", "heap_bytes", "index_bytes")
+
+
+def by_table(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each table's counters as they moved between two snapshots and its gauges at the second,
+    a partitioned table's partitions summed: one made since counts from nothing, one dropped
+    since is gone with what it counted, and its live rows at the first are the table's
+    ``dropped_rows`` (retention's drop deletes no row). A counter the server does not keep is
+    None."""
+    tables: dict[str, dict[str, Any]] = {}
+
+    def of(name: str) -> dict[str, Any]:
+        return tables.setdefault(name, dict.fromkeys((*COUNTERS, *GAUGES, "dropped_rows"), 0))
+
+    for name, then in before["tables"].items():
+        if name not in after["tables"]:
+            of(then["table"])["dropped_rows"] += then["n_live_tup"]
+    for name, now in after["tables"].items():
+        then = before["tables"].get(name, {})
+        table = of(now["table"])
+        for key in COUNTERS:
+            if now[key] is None or table[key] is None:
+                table[key] = None
+            else:
+                table[key] += now[key] - (then.get(key) or 0)
+        for key in GAUGES:
+            table[key] += now[key]
+    return {name: tables[name] for name in TABLES if name in tables}
 
 
 def wal_read(before: dict[str, Any], after: dict[str, Any]) -> WalRead | None:
@@ -253,7 +326,7 @@ class Windows:
 
     def __init__(self, url: str, total: int) -> None:
         self.conn = psycopg.connect(url, autocommit=True, row_factory=dict_row)
-        self.reader = WalReader.start(url)
+        self.reader = WalReader.start(url, roots=True)
         self.boundaries = [total * (k + 1) // WINDOWS for k in range(WINDOWS)]
         self.started = time.monotonic()
         self.closed: list[dict[str, Any]] = []
@@ -261,7 +334,8 @@ class Windows:
         self.emit_seconds: list[float] = []
         self.emitted = 0
         self.purged = dict.fromkeys(
-            ("deliveries", "outbox_rows", "attempts", "tombstones_expired"), 0
+            ("deliveries", "outbox_rows", "attempts", "tombstones_expired", "partitions_dropped"),
+            0,
         )
         self.retention_passes: list[float] = []
         # The producer's and retention's own WAL so far (None: the server cannot tell).
@@ -336,12 +410,12 @@ def _ms(values: list[float], fraction: float) -> float | None:
     return None if found is None else round(found * 1000, 2)
 
 
-def _left_their_page(now: dict[str, Any], then: dict[str, Any], updates: int) -> float | None:
+def _left_their_page(moved: dict[str, Any]) -> float | None:
     """The share of a table's updates whose new version went to another page (written whole
     instead of the bytes that changed), where the server counts them (PostgreSQL 16 on)."""
-    if now.get("n_tup_newpage_upd") is None or then.get("n_tup_newpage_upd") is None:
+    if moved["n_tup_newpage_upd"] is None:
         return None
-    return _ratio(now["n_tup_newpage_upd"] - then["n_tup_newpage_upd"], updates)
+    return _ratio(moved["n_tup_newpage_upd"], moved["n_tup_upd"])
 
 
 def _ratio(top: float, bottom: float) -> float | None:
@@ -354,25 +428,25 @@ def window_figures(
     """One window's figures from the snapshots at its two ends and what the roles reported."""
     deliveries = after["terminal"] - before["terminal"]
     seconds = after["at"] - before["at"]
-    tables: dict[str, dict[str, Any]] = {}
-    for name, now in after["tables"].items():
-        then = before["tables"].get(name, now)
-        updates = now["n_tup_upd"] - then["n_tup_upd"]
-        tables[name] = {
-            "inserts": now["n_tup_ins"] - then["n_tup_ins"],
-            "updates": updates,
-            "hot_updates": now["n_tup_hot_upd"] - then["n_tup_hot_upd"],
-            "hot_ratio": _ratio(now["n_tup_hot_upd"] - then["n_tup_hot_upd"], updates),
-            "new_page_ratio": _left_their_page(now, then, updates),
-            "deletes": now["n_tup_del"] - then["n_tup_del"],
-            "live_tuples": now["n_live_tup"],
-            "dead_tuples": now["n_dead_tup"],
-            "autovacuum_runs": now["autovacuum_count"] - then["autovacuum_count"],
-            "autoanalyze_runs": now["autoanalyze_count"] - then["autoanalyze_count"],
-            "total_bytes": now["total_bytes"],
-            "heap_bytes": now["heap_bytes"],
-            "index_bytes": now["index_bytes"],
+    tables = {
+        name: {
+            "inserts": moved["n_tup_ins"],
+            "updates": moved["n_tup_upd"],
+            "hot_updates": moved["n_tup_hot_upd"],
+            "hot_ratio": _ratio(moved["n_tup_hot_upd"], moved["n_tup_upd"]),
+            "new_page_ratio": _left_their_page(moved),
+            "deletes": moved["n_tup_del"],
+            "dropped_rows": moved["dropped_rows"],
+            "live_tuples": moved["n_live_tup"],
+            "dead_tuples": moved["n_dead_tup"],
+            "autovacuum_runs": moved["autovacuum_count"],
+            "autoanalyze_runs": moved["autoanalyze_count"],
+            "total_bytes": moved["total_bytes"],
+            "heap_bytes": moved["heap_bytes"],
+            "index_bytes": moved["index_bytes"],
         }
+        for name, moved in by_table(before, after).items()
+    }
     wal = after["wal"] - before["wal"]
     return {
         **wal_split(wal, deliveries, before, after),
@@ -516,6 +590,7 @@ def drive(url: str, size: Size, receiver: str, home: Path, deadline: float) -> d
     errors = [line for line in log_path.read_text().splitlines() if "Error" in line][-5:]
     return {
         "seconds": round(time.monotonic() - started, 1),
+        "partition_seconds": partition_seconds(size),
         "history_preload_seconds": preloaded,
         "complete": len(windows.closed) == WINDOWS,
         # At the last window's end; the engine delivers a little more while it stops.
@@ -573,15 +648,10 @@ def full_page_images(
 def totals_over(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
     """The whole run's WAL per delivery and HOT ratios (from the first to the last window's end)."""
     deliveries = last["terminal"] - first["terminal"]
-    hot = {}
-    new_page = {}
-    updates = {}
-    for name, now in last["tables"].items():
-        then = first["tables"].get(name, now)
-        changed = now["n_tup_upd"] - then["n_tup_upd"]
-        updates[name] = changed
-        hot[name] = _ratio(now["n_tup_hot_upd"] - then["n_tup_hot_upd"], changed)
-        new_page[name] = _left_their_page(now, then, changed)
+    moved = by_table(first, last)
+    updates = {name: m["n_tup_upd"] for name, m in moved.items()}
+    hot = {name: _ratio(m["n_tup_hot_upd"], m["n_tup_upd"]) for name, m in moved.items()}
+    new_page = {name: _left_their_page(m) for name, m in moved.items()}
     wal = last["wal"] - first["wal"]
     return {
         **wal_split(wal, deliveries, first, last),

@@ -49,7 +49,7 @@ def _stop_on_eof() -> threading.Event:
 # The producer ---------------------------------------------------------------------------------
 
 BACKLOG = """
-SELECT count(*) AS due FROM webhook_delivery WHERE state = 'pending' AND next_attempt_at <= now()
+SELECT count(*) AS due FROM delivery_timer WHERE kind = 'due' AND fire_at <= now()
 """
 
 

@@ -26,7 +26,8 @@ WHERE count > 0
 """
 # Each record's length shared out over the blocks it names (a record naming several relations
 # counts once in all), with its full-page images. Records that name no block (commits,
-# checkpoints) are only in BY_KIND.
+# checkpoints) are only in BY_KIND. With ``roots``, a partition (or an index of one) counts as
+# the partitioned table (or index) it belongs to.
 BY_RELATION = """
 WITH blocks AS (
     SELECT b.reldatabase, b.relfilenode, b.record_length,
@@ -37,11 +38,13 @@ SELECT CASE
            WHEN b.reldatabase <> 0 AND b.reldatabase <> (SELECT oid FROM pg_database
                                                        WHERE datname = current_database())
            THEN '(other databases)'
-           ELSE coalesce(c.relname, 'relfilenode ' || b.relfilenode)
+           ELSE coalesce(CASE WHEN %(roots)s THEN r.relname END, c.relname,
+                         'relfilenode ' || b.relfilenode)
        END AS name,
        sum(b.record_length::numeric / b.named)::bigint AS bytes
 FROM blocks AS b
 LEFT JOIN pg_class AS c ON c.relfilenode = b.relfilenode
+LEFT JOIN pg_class AS r ON r.oid = pg_partition_root(c.oid)
 GROUP BY 1
 """
 
@@ -70,8 +73,10 @@ def by_kind(conn: psycopg.Connection, start: str, end: str) -> tuple[dict[str, i
     return {r["kind"]: int(r["bytes"]) for r in rows}, sum(int(r["fpi_bytes"]) for r in rows)
 
 
-def by_relation(conn: psycopg.Connection, start: str, end: str) -> dict[str, int]:
-    rows = conn.execute(BY_RELATION, {"start": start, "end": end}).fetchall()
+def by_relation(
+    conn: psycopg.Connection, start: str, end: str, roots: bool = False
+) -> dict[str, int]:
+    rows = conn.execute(BY_RELATION, {"start": start, "end": end, "roots": roots}).fetchall()
     return {r["name"]: int(r["bytes"]) for r in rows if r["bytes"]}
 
 
@@ -114,12 +119,14 @@ def _plus(total: dict[str, int], more: dict[str, int]) -> dict[str, int]:
 
 class WalReader:
     """Reads the WAL every few seconds as it is written, from where it began; ``mark(lsn)``
-    reads up to ``lsn`` and returns all it has read (a WalRead)."""
+    reads up to ``lsn`` and returns all it has read (a WalRead). With ``roots``, by relation
+    a partition counts as its partitioned table (BY_RELATION)."""
 
     EVERY_SECONDS = 10.0
 
-    def __init__(self, conn: psycopg.Connection) -> None:
+    def __init__(self, conn: psycopg.Connection, roots: bool = False) -> None:
         self.conn = conn
+        self.roots = roots
         self.block_info = has_block_info(conn)
         self.lsn = _flushed(conn)
         self.read = WalRead()
@@ -129,7 +136,7 @@ class WalReader:
         self._thread.start()
 
     @classmethod
-    def start(cls, url: str) -> WalReader | None:
+    def start(cls, url: str, roots: bool = False) -> WalReader | None:
         """A reader, or None where this session cannot read the WAL."""
         try:
             conn = psycopg.connect(url, autocommit=True, row_factory=dict_row)
@@ -138,7 +145,7 @@ class WalReader:
         if not walinspect(conn):
             conn.close()
             return None
-        return cls(conn)
+        return cls(conn, roots)
 
     def mark(self, lsn: str) -> WalRead:
         with self._lock:
@@ -150,7 +157,7 @@ class WalReader:
     def _read(self, start: str, end: str) -> WalRead:
         try:
             kinds, images = by_kind(self.conn, start, end)
-            relations = by_relation(self.conn, start, end) if self.block_info else {}
+            relations = by_relation(self.conn, start, end, self.roots) if self.block_info else {}
         except psycopg.Error:
             return WalRead(
                 self.read.images, self.read.lost + 1, self.read.kinds, self.read.relations

@@ -19,7 +19,7 @@ def wait_until_swept_work_is_due(conn, deadline_seconds: float = 15.0) -> None:
             """
             SELECT count(*) FILTER (WHERE state = 'leased' AND lease_until >= now()) AS live_leases,
                    count(*) FILTER (WHERE state = 'enqueued' AND updated_at >= now() - interval '1 second') AS fresh
-            FROM webhook_delivery
+            FROM webhook_delivery_all
             """
         ).fetchone()
         if row["live_leases"] == 0 and row["fresh"] == 0:
@@ -38,7 +38,7 @@ def assert_interruption_is_on_record(conn, point: str) -> None:
     # The claim publishes what it writes: nothing is left for a relay.
     assert crashed_outbox["n"] > 0 and crashed_outbox["published"] == crashed_outbox["n"]
     lost = conn.execute(
-        "SELECT outcome, error FROM delivery_attempt WHERE run_id = 'run-crashed'"
+        "SELECT outcome, error FROM delivery_attempt_all WHERE run_id = 'run-crashed'"
     ).fetchall()
     if point == crashpoints.AFTER_OUTBOX_COMMIT:
         assert lost == []

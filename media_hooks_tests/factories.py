@@ -8,6 +8,7 @@ from collections import Counter
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import tuple_row
 
 from media_hooks.outbox.claims import ClaimFigures, claim_destination_page, due_destinations
 from media_hooks.outbox.cohort import Cohort
@@ -48,16 +49,22 @@ def add_deliveries(
     asset_id: str | None = None,
     due_seconds_ago: float = 1.0,
     age_seconds: float = 0.0,
+    previous_release: bool = False,
 ) -> list[str]:
     """``count`` deliveries ``<prefix>-<destination>-<n>`` in ``state``, each with its identity
     row as emit writes it (a leased one holds a live lease), created ``age_seconds`` ago;
     pending ones became due ``due_seconds_ago`` (negative: due in the future). The prefix defaults to ``d`` for pending rows and to the
-    state's name for others. Each has asset ``asset-<n>`` unless ``asset_id`` is given."""
+    state's name for others. Each has asset ``asset-<n>`` unless ``asset_id`` is given.
+    ``previous_release``: written as the release before migration 0034 wrote them, in
+    its table (webhook_delivery_v1 since 0034, whose sweeps move them; webhook_delivery before)."""
     prefix = f"{prefix or ('d' if state == 'pending' else state)}-{destination_id}"
+    lean = _lean(conn) and not previous_release
+    table = "webhook_delivery_all" if lean else previous_table(conn, "webhook_delivery")
     conn.execute(
-        """
+        sql.SQL(
+            """
         WITH inserted AS (
-        INSERT INTO webhook_delivery
+        INSERT INTO {table}
             (delivery_id, destination_id, asset_id, event_type, payload, body, state,
              next_attempt_at, lease_until, lease_token, created_at, updated_at)
         SELECT %(prefix)s::text || '-' || g, %(destination_id)s::text,
@@ -73,11 +80,17 @@ def add_deliveries(
                now() - make_interval(secs => %(age)s),
                now() - make_interval(secs => %(age)s)
         FROM generate_series(1, %(count)s) AS g
-        RETURNING delivery_id
+        RETURNING delivery_id, destination_id, created_at
         )
-        -- Every delivery has its identity, as emit records it (migration 0005).
-        INSERT INTO delivery_identity (delivery_id) SELECT delivery_id FROM inserted
-        """,
+        -- Every delivery has its identity, as emit records it (migration 0005; complete since
+        -- 0034, the delivery_id alone before).
+        INSERT INTO delivery_identity (delivery_id, destination_id, created_at)
+        SELECT delivery_id,
+               CASE WHEN %(lean)s THEN destination_id END,
+               CASE WHEN %(lean)s THEN created_at END
+        FROM inserted
+        """
+        ).format(table=sql.Identifier(table)),
         {
             "prefix": prefix,
             "destination_id": destination_id,
@@ -87,44 +100,129 @@ def add_deliveries(
             "due": due_seconds_ago,
             "age": age_seconds,
             "count": count,
+            "lean": lean,
         },
     )
     return [f"{prefix}-{i}" for i in range(1, count + 1)]
 
 
+def previous_table(conn: psycopg.Connection, name: str) -> str:
+    """The previous layout's table ``name`` (``webhook_delivery``, ``delivery_attempt``) by the
+    name it has in this database: ``<name>_v1`` since 0034 renamed it, ``name`` before."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        (found,) = cur.execute("SELECT to_regclass(%s) IS NOT NULL", [f"{name}_v1"]).fetchone()
+    return f"{name}_v1" if found else name
+
+
+def _lean(conn: psycopg.Connection) -> bool:
+    """Whether the database has this release's layout (migration 0034): a test that models an
+    earlier release writes its tables as that release did."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        (lean,) = cur.execute("SELECT to_regclass('delivery_state') IS NOT NULL").fetchone()
+    return lean
+
+
 def add_dispatches(
-    conn: psycopg.Connection, ids: list[str], *, run_id: str = "run-old", published: bool = True
+    conn: psycopg.Connection,
+    ids: list[str],
+    *,
+    run_id: str = "run-old",
+    published: bool = True,
+    previous_release: bool = False,
 ) -> None:
     """The next dispatch of each delivery in ``ids``, counted and written as a claim does (its
-    message id ``delivery_id:n``), whatever the delivery's state."""
+    message id ``delivery_id:n``), whatever the delivery's state. ``previous_release``: as the
+    release before migration 0034 wrote them (``add_deliveries``)."""
+    params = {"ids": ids, "run_id": run_id, "published": published}
+    if previous_release or not _lean(conn):
+        conn.execute(
+            sql.SQL(
+                """
+            WITH counted AS (
+                UPDATE {table}
+                SET dispatch_count = dispatch_count + 1,
+                    current_message_id = delivery_id || ':' || (dispatch_count + 1)
+                WHERE delivery_id = ANY (%(ids)s)
+                RETURNING delivery_id, destination_id, dispatch_count, current_message_id
+            )
+            INSERT INTO dispatch_outbox_v2
+                (message_id, delivery_id, dispatch_no, destination_id, run_id, published_at)
+            SELECT current_message_id, delivery_id, dispatch_count, destination_id, %(run_id)s,
+                   CASE WHEN %(published)s THEN now() END
+            FROM counted
+            """
+            ).format(table=sql.Identifier(previous_table(conn, "webhook_delivery"))),
+            params,
+        )
+        return
     conn.execute(
         """
         WITH counted AS (
-            UPDATE webhook_delivery
+            UPDATE webhook_delivery_all
             SET dispatch_count = dispatch_count + 1,
                 current_message_id = delivery_id || ':' || (dispatch_count + 1)
             WHERE delivery_id = ANY (%(ids)s)
-            RETURNING delivery_id, destination_id, dispatch_count, current_message_id
+            RETURNING delivery_id, destination_id, dispatch_count, current_message_id, created_at
         )
-        INSERT INTO dispatch_outbox_v2
-            (message_id, delivery_id, dispatch_no, destination_id, run_id, published_at)
+        INSERT INTO dispatch_outbox_v3
+            (message_id, delivery_id, dispatch_no, destination_id, run_id, delivery_created_at,
+             published_at)
         SELECT current_message_id, delivery_id, dispatch_count, destination_id, %(run_id)s,
-               CASE WHEN %(published)s THEN now() END
+               created_at, CASE WHEN %(published)s THEN now() END
         FROM counted
         """,
-        {"ids": ids, "run_id": run_id, "published": published},
+        params,
     )
+
+
+def add_attempts(
+    conn: psycopg.Connection,
+    delivery_id: str,
+    attempts: list[tuple[float, float, str]],
+    *,
+    error: str | None = None,
+) -> None:
+    """Ended attempts of ``delivery_id`` (a delivery of this release's layout, open or ended),
+    each ``(started_seconds_ago, finished_seconds_ago, outcome)``, numbered on from its last, as
+    this release records them: written once, under the delivery's creation time. An attempt in
+    flight is no row of these but the delivery's lease (``add_deliveries(state="leased")``)."""
+    cur = conn.execute(
+        """
+        INSERT INTO delivery_attempt_v2
+            (delivery_id, attempt_no, destination_id, lease_token, delivery_created_at,
+             started_at, finished_at, outcome, error)
+        SELECT i.delivery_id,
+               a.n + (SELECT coalesce(max(attempt_no), 0) FROM delivery_attempt_all
+                      WHERE delivery_id = i.delivery_id),
+               i.destination_id, gen_random_uuid(), i.created_at,
+               now() - make_interval(secs => a.started), now() - make_interval(secs => a.finished),
+               a.outcome, %(error)s
+        -- The identity holds the delivery's destination and creation time from its emit.
+        FROM delivery_identity AS i,
+             unnest(%(started)s::float8[], %(finished)s::float8[], %(outcomes)s::text[])
+                 WITH ORDINALITY AS a(started, finished, outcome, n)
+        WHERE i.delivery_id = %(delivery_id)s
+        """,
+        {
+            "delivery_id": delivery_id,
+            "started": [started for started, _, _ in attempts],
+            "finished": [finished for _, finished, _ in attempts],
+            "outcomes": [outcome for _, _, outcome in attempts],
+            "error": error,
+        },
+    )
+    assert cur.rowcount == len(attempts), f"{delivery_id} has no identity of this layout"
 
 
 def delivery(conn: psycopg.Connection, delivery_id: str) -> dict:
     return conn.execute(
-        "SELECT * FROM webhook_delivery WHERE delivery_id = %s", (delivery_id,)
+        "SELECT * FROM webhook_delivery_all WHERE delivery_id = %s", (delivery_id,)
     ).fetchone()
 
 
 def states(conn: psycopg.Connection) -> dict[str, int]:
     rows = conn.execute(
-        "SELECT state, count(*) AS n FROM webhook_delivery GROUP BY state"
+        "SELECT state, count(*) AS n FROM webhook_delivery_all GROUP BY state"
     ).fetchall()
     return {row["state"]: row["n"] for row in rows}
 
@@ -180,7 +278,7 @@ def lease_all(
     if not messages:
         return []
     rows = conn.execute(
-        "SELECT delivery_id, destination_id FROM webhook_delivery WHERE delivery_id = ANY (%s)",
+        "SELECT delivery_id, destination_id FROM webhook_delivery_all WHERE delivery_id = ANY (%s)",
         ([m.delivery_id for m in messages],),
     ).fetchall()
     destination_of = {r["delivery_id"]: r["destination_id"] for r in rows}

@@ -90,6 +90,6 @@ def snapshot_held(
             holder.execute("SELECT txid_current()")
         else:
             holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-            holder.execute("SELECT count(*) FROM webhook_delivery")
+            holder.execute("SELECT count(*) FROM webhook_delivery_all")
         yield holder.info.backend_pid
         holder.execute("ROLLBACK")

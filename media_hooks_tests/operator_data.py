@@ -42,7 +42,7 @@ def _wait_until_expired(conn: psycopg.Connection, delivery_id: str, timeout: flo
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         expired = conn.execute(
-            "SELECT lease_until < now() AS expired FROM webhook_delivery WHERE delivery_id = %s",
+            "SELECT lease_until < now() AS expired FROM webhook_delivery_all WHERE delivery_id = %s",
             (delivery_id,),
         ).fetchone()["expired"]
         if expired:

@@ -22,7 +22,7 @@ def claimed(conn: psycopg.Connection, run_id: str) -> set[str]:
 def settle(conn: psycopg.Connection, delivery_id: str, state: str) -> None:
     """A delivery ends in ``state`` (the settle trigger fires as after a worker's outcome)."""
     conn.execute(
-        "UPDATE webhook_delivery SET state = %s, updated_at = now() WHERE delivery_id = %s",
+        "UPDATE webhook_delivery_all SET state = %s, updated_at = now() WHERE delivery_id = %s",
         (state, delivery_id),
     )
 

@@ -36,6 +36,7 @@ def _headline(f: figures.Figures) -> list[list[str]]:
         ["expired leases", str(f.expired_leases)],
         ["dead letters", f"{f.dead_letters}{newest_dead}"],
         ["oldest snapshot", f.oldest_snapshot.describe() if f.oldest_snapshot else "none"],
+        ["partitions made ahead", format_age(f.partitions_ahead_seconds)],
     ]
 
 

@@ -43,6 +43,12 @@ class Check:
 
 CHECKS = (
     Check(
+        "open_without_its_timer",
+        "every open delivery has one timer, of its destination and of a kind its state has "
+        "(due or parked while pending, in flight while enqueued or leased): the claim and the "
+        "sweeps find it by that timer (invariant 3)",
+    ),
+    Check(
         "leased_without_one_open_attempt",
         "a leased delivery has exactly one open attempt, its newest, under its lease "
         "(invariants 3, 4)",

@@ -18,6 +18,7 @@ import psycopg
 
 from media_hooks.observe.inspection import format_age
 from media_hooks.outbox.cohort import Cohort
+from media_hooks.outbox.maintenance import partitions
 from media_hooks.store import sessions
 from media_hooks.store.sqlfiles import generation, query
 
@@ -115,6 +116,9 @@ class Figures:
     dead_heads: tuple[DeadHead, ...] = ()
     # The oldest snapshot vacuum must respect; None when no other session holds one.
     oldest_snapshot: SnapshotHolder | None = None
+    # How far ahead of now the history tables' partitions are made (an emit past that finds no
+    # partition for its body and fails); None before any was made.
+    partitions_ahead_seconds: float | None = None
     counts_by: str = "destination"
     # The other media_hooks sessions connected, by release (this one first).
     sessions: tuple[ReleaseSessions, ...] = ()
@@ -298,6 +302,7 @@ def measure(
             for row in conn.execute(query("figures_dead_heads"), {"limit": DEAD_HEADS_SHOWN})
         ),
         oldest_snapshot=_oldest_snapshot(conn, at),
+        partitions_ahead_seconds=partitions.ahead_seconds(conn),
         counts_by=by,
         sessions=connected_sessions(conn),
         history=history,

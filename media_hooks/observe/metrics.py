@@ -142,6 +142,12 @@ def figure_metrics(measured: figures.Figures, destinations: list[dict[str, Any]]
             measured.oldest_snapshot_age_seconds or 0.0,
         ),
         _single(
+            "partitions_ahead_seconds",
+            "How far ahead of now the history tables' partitions are made; an emit past that "
+            "fails. 0 when none is made.",
+            max(measured.partitions_ahead_seconds or 0.0, 0.0),
+        ),
+        _single(
             "expired_leases",
             "Leased deliveries whose lease has expired (a sweep makes them due again).",
             measured.expired_leases,

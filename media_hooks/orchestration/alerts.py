@@ -29,6 +29,9 @@ class Thresholds:
     expired_leases: int = 1
     # A snapshot held this long keeps vacuum from every row version deliveries left behind since.
     oldest_snapshot_seconds: float = 3600.0
+    # Delivery runs and the retention job make a week of partitions ahead; under a day left
+    # means neither has run for six days, and emits fail once none is left.
+    partitions_ahead_seconds: float = 86400.0
 
     @classmethod
     def from_env(cls) -> Thresholds:
@@ -46,6 +49,11 @@ class Thresholds:
             oldest_snapshot_seconds=from_env(
                 "MEDIA_HOOKS_ALERT_OLDEST_SNAPSHOT_SECONDS",
                 cls.oldest_snapshot_seconds,
+                SECONDS_UP_TO_30_DAYS,
+            ),
+            partitions_ahead_seconds=from_env(
+                "MEDIA_HOOKS_ALERT_PARTITIONS_AHEAD_SECONDS",
+                cls.partitions_ahead_seconds,
                 SECONDS_UP_TO_30_DAYS,
             ),
         )
@@ -69,6 +77,13 @@ class Thresholds:
             found.append(
                 f"{holder.describe()} holds back vacuum "
                 f"(threshold {self.oldest_snapshot_seconds:.0f}s)"
+            )
+        ahead = f.partitions_ahead_seconds
+        if ahead is not None and ahead < self.partitions_ahead_seconds:
+            found.append(
+                f"history partitions are made only {max(ahead, 0):.0f}s ahead "
+                f"(threshold {self.partitions_ahead_seconds:.0f}s): emits fail past them; "
+                "a delivery run or the retention job makes more"
             )
         return found
 

@@ -97,14 +97,14 @@ def rows_of_run(run_id: str) -> str:
             "",
             "```sql",
             "SELECT o.message_id, o.delivery_id, o.destination_id, o.published_at, d.state",
-            "FROM dispatch_outbox o JOIN webhook_delivery d USING (delivery_id)",
+            "FROM dispatch_outbox o JOIN webhook_delivery_all d USING (delivery_id)",
             f"WHERE o.run_id = '{run_id}' ORDER BY o.destination_id, o.message_id;",
             "",
             # From the run's dispatches to their attempts: both by index, however long the
             # history (no index has the attempts' run_id).
             "SELECT a.delivery_id, a.attempt_no, a.outcome, a.http_status, a.started_at,",
             "       a.finished_at",
-            "FROM dispatch_outbox o JOIN delivery_attempt a ON a.delivery_id = o.delivery_id",
+            "FROM dispatch_outbox o JOIN delivery_attempt_all a ON a.delivery_id = o.delivery_id",
             "  AND a.message_id = o.message_id AND a.run_id = o.run_id",
             f"WHERE o.run_id = '{run_id}' ORDER BY a.started_at;",
             "```",

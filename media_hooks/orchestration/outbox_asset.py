@@ -13,6 +13,9 @@ page says which publisher is behind and why. Its checks:
 - ``oldest_snapshot``: the same against ``MEDIA_HOOKS_ALERT_OLDEST_SNAPSHOT_SECONDS``, for the
   oldest transaction of another session (it keeps vacuum from what deliveries leave behind),
   naming its pid and application_name;
+- ``partitions_ahead``: WARN when the history tables' partitions are made less than
+  ``MEDIA_HOOKS_ALERT_PARTITIONS_AHEAD_SECONDS`` ahead, ERROR when none is left ahead (an emit
+  would fail);
 - ``destinations_sending``: WARN while a destination is disabled (the SSRF guard, a 410, the
   circuit breaker, an operator), naming each;
 - ``last_run_delivered``: WARN when the newest delivery run delivered nothing while work was
@@ -88,6 +91,7 @@ outbox = AssetSpec(
 OLDEST_DUE = "oldest_due_age"
 RELAY_LAG = "relay_lag"
 OLDEST_SNAPSHOT = "oldest_snapshot"
+PARTITIONS_AHEAD = "partitions_ahead"
 DESTINATIONS = "destinations_sending"
 LAST_RUN = "last_run_delivered"
 _FIGURE_CHECKS = {
@@ -106,6 +110,12 @@ _FIGURE_CHECKS = {
         "(MEDIA_HOOKS_ALERT_OLDEST_SNAPSHOT_SECONDS, 3600 s): while one is open, vacuum keeps "
         "every row version deliveries leave behind and claims slow down. WARN past it, naming "
         f"the session (pid, application_name), ERROR past {ERROR_FACTOR} times it."
+    ),
+    PARTITIONS_AHEAD: (
+        "The history tables' partitions are made at least the alert threshold ahead "
+        "(MEDIA_HOOKS_ALERT_PARTITIONS_AHEAD_SECONDS, 86400 s; delivery runs and the retention "
+        "job make a week ahead): WARN under it, ERROR when none is left ahead, where every emit "
+        "fails."
     ),
     DESTINATIONS: (
         "No destination is disabled (by the SSRF guard, a 410, the circuit breaker, settings out "
@@ -264,6 +274,30 @@ def snapshot_verdict(f: figures.Figures, threshold: float) -> Verdict:
     )
 
 
+def partitions_verdict(f: figures.Figures, threshold: float) -> Verdict:
+    """WARN under ``threshold`` of partitions made ahead, ERROR when none is left ahead."""
+    ahead = f.partitions_ahead_seconds
+    metadata = {
+        "partitions_ahead_seconds": MetadataValue.float(ahead or 0.0),
+        "warn_under_seconds": MetadataValue.float(threshold),
+    }
+    if ahead is None or ahead >= threshold:
+        return Verdict(
+            PARTITIONS_AHEAD,
+            True,
+            f"history partitions made {_age(ahead)} ahead, at least {threshold:g} s.",
+            metadata=metadata,
+        )
+    return Verdict(
+        PARTITIONS_AHEAD,
+        False,
+        f"history partitions made only {max(ahead, 0):.0f} s ahead, under {threshold:g} s: an "
+        "emit past them fails; a delivery run or the retention job makes more.",
+        AssetCheckSeverity.ERROR if ahead <= 0 else AssetCheckSeverity.WARN,
+        metadata,
+    )
+
+
 def destinations_table(reading: OutboxHealth) -> str:
     """Every destination with something to say: its state, why, what waits and since when."""
     f = reading.figures
@@ -353,6 +387,7 @@ def verdicts(reading: OutboxHealth, thresholds: Thresholds, last_run: Verdict) -
             RELAY_LAG, "relay lag", f.relay_lag_seconds, thresholds.relay_lag_seconds
         ),
         snapshot_verdict(f, thresholds.oldest_snapshot_seconds),
+        partitions_verdict(f, thresholds.partitions_ahead_seconds),
         destinations_verdict(reading),
         last_run,
     ]

@@ -28,17 +28,17 @@ def _expected(conn, destination_id: str) -> dict:
     return conn.execute(
         """
         SELECT
-          (SELECT count(*) FROM webhook_delivery WHERE destination_id = %(d)s) AS deliveries,
-          (SELECT count(*) FROM webhook_delivery
+          (SELECT count(*) FROM webhook_delivery_all WHERE destination_id = %(d)s) AS deliveries,
+          (SELECT count(*) FROM webhook_delivery_all
             WHERE destination_id = %(d)s AND state = 'succeeded') AS delivered,
-          (SELECT count(*) FROM webhook_delivery
+          (SELECT count(*) FROM webhook_delivery_all
             WHERE destination_id = %(d)s AND state = 'dead') AS dead,
-          (SELECT count(*) FROM delivery_attempt WHERE destination_id = %(d)s) AS attempts,
-          (SELECT count(*) FROM delivery_attempt
+          (SELECT count(*) FROM delivery_attempt_all WHERE destination_id = %(d)s) AS attempts,
+          (SELECT count(*) FROM delivery_attempt_all
             WHERE destination_id = %(d)s AND outcome IN ('retryable', 'ambiguous')) AS retried,
-          (SELECT count(*) FROM delivery_attempt
+          (SELECT count(*) FROM delivery_attempt_all
             WHERE destination_id = %(d)s AND outcome = 'rate_limited') AS rate_limited,
-          (SELECT count(*) FROM delivery_attempt
+          (SELECT count(*) FROM delivery_attempt_all
             WHERE destination_id = %(d)s AND outcome = 'ambiguous') AS ambiguous
         """,
         {"d": destination_id},
@@ -112,7 +112,7 @@ def test_demo_runs_end_to_end_and_its_summary_matches_the_database(conn, demo_en
 
     # Someone else's delivery was neither sent nor touched.
     other = conn.execute(
-        "SELECT state, attempt_count FROM webhook_delivery WHERE delivery_id = %s", (theirs,)
+        "SELECT state, attempt_count FROM webhook_delivery_all WHERE delivery_id = %s", (theirs,)
     ).fetchone()
     assert other == {"state": "pending", "attempt_count": 0}
 
@@ -126,7 +126,7 @@ def test_reset_removes_only_the_demos_own_data(conn):
     add_dispatches(conn, demo_ids[:1], published=False)
     removed = demo.reset(conn)
     assert removed == {"deliveries": 3, "destinations": 1}
-    left = conn.execute("SELECT delivery_id FROM webhook_delivery ORDER BY 1").fetchall()
+    left = conn.execute("SELECT delivery_id FROM webhook_delivery_all ORDER BY 1").fetchall()
     assert [row["delivery_id"] for row in left] == sorted(kept)
     outbox = conn.execute("SELECT count(*) AS n FROM dispatch_outbox").fetchone()["n"]
     assert outbox == 2
@@ -144,7 +144,7 @@ def test_what_a_run_left_is_told_with_its_reasons_and_what_happens_next(conn):
     add_deliveries(conn, "demo-archive", 1, state="succeeded")
     for ids, outcome in ((retry, "retryable"), (later, "ambiguous"), (paused, "rate_limited")):
         conn.execute(
-            "UPDATE webhook_delivery SET last_outcome = %s WHERE delivery_id = ANY (%s)",
+            "UPDATE webhook_delivery_all SET last_outcome = %s WHERE delivery_id = ANY (%s)",
             (outcome, ids),
         )
     # A 429's Retry-After paused demo-cdn: its delivery waits although its own time has come.
@@ -170,7 +170,7 @@ def test_what_a_run_left_is_told_with_its_reasons_and_what_happens_next(conn):
         "due now, so the next run starts at once"
     )
 
-    conn.execute("DELETE FROM webhook_delivery WHERE delivery_id = ANY (%s)", (retry,))
+    conn.execute("DELETE FROM webhook_delivery_all WHERE delivery_id = ANY (%s)", (retry,))
     waiting = demo._fetch(conn, "demo_unfinished", {"destination_ids": demo._ids()})[0]
     assert waiting["due_now"] == 0 and 25 < waiting["due_in_seconds"] <= 30
     assert waiting["earliest"] == later[0]

@@ -33,7 +33,7 @@ def env(cli_env, database_url) -> dict[str, str]:
 
 def _count(url: str) -> int:
     with psycopg.connect(url) as conn:
-        return conn.execute("SELECT count(*) FROM webhook_delivery").fetchone()[0]
+        return conn.execute("SELECT count(*) FROM webhook_delivery_all").fetchone()[0]
 
 
 def _line(n: int, **changes) -> str:

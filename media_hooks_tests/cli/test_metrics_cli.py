@@ -41,7 +41,7 @@ def running_exporter(cli_env, *extra: str) -> Iterator[str]:
 
 def _succeeded(conn, destination_id: str) -> int:
     return conn.execute(
-        "SELECT count(*) AS n FROM webhook_delivery WHERE destination_id = %s"
+        "SELECT count(*) AS n FROM webhook_delivery_all WHERE destination_id = %s"
         " AND state = 'succeeded'",
         (destination_id,),
     ).fetchone()["n"]
@@ -74,20 +74,20 @@ def test_a_scrape_parses_and_matches_the_database(conn, cli_env):
     with running_exporter(cli_env) as url:
         found = _counted(url)
     for row in conn.execute(
-        "SELECT destination_id, state, count(*) AS n FROM webhook_delivery GROUP BY 1, 2"
+        "SELECT destination_id, state, count(*) AS n FROM webhook_delivery_all GROUP BY 1, 2"
     ):
         key = (("destination_id", row["destination_id"]), ("state", row["state"]))
         assert found[("media_hooks_deliveries", key)] == row["n"]
     assert found[("media_hooks_up", ())] == 1
     expired = conn.execute(
-        "SELECT count(*) AS n FROM webhook_delivery WHERE state = 'leased' AND lease_until < now()"
+        "SELECT count(*) AS n FROM webhook_delivery_all WHERE state = 'leased' AND lease_until < now()"
     ).fetchone()["n"]
     assert found[("media_hooks_expired_leases", ())] == expired == 1
     assert found[("media_hooks_destination_paused", (("destination_id", "beta"),))] == 1
     assert found[("media_hooks_destination_disabled", (("destination_id", "gamma"),))] == 1
     oldest = conn.execute(
         "SELECT extract(epoch FROM now() - min(next_attempt_at))::float AS age "
-        "FROM webhook_delivery WHERE state = 'pending' AND next_attempt_at <= now()"
+        "FROM webhook_delivery_all WHERE state = 'pending' AND next_attempt_at <= now()"
     ).fetchone()["age"]
     # The scrape measured a moment before this query, so its age is no greater.
     assert 0 < found[("media_hooks_oldest_due_any_age_seconds", ())] <= oldest

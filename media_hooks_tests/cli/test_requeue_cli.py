@@ -13,7 +13,7 @@ from media_hooks_tests.factories import add_deliveries, add_destination
 def _snapshot(conn) -> list[dict]:
     return conn.execute(
         "SELECT delivery_id, state, next_attempt_at, budget_used, updated_at "
-        "FROM webhook_delivery ORDER BY delivery_id"
+        "FROM webhook_delivery_all ORDER BY delivery_id"
     ).fetchall()
 
 
@@ -24,17 +24,16 @@ def _prepare(conn) -> None:
         add_deliveries(conn, name, 2, prefix="deadt", event_type="transcode.completed")
         add_deliveries(conn, name, 2, prefix="live")
     conn.execute(
-        "UPDATE webhook_delivery SET state = 'dead', budget_used = 5, "
+        "UPDATE webhook_delivery_all SET state = 'dead', budget_used = 5, "
         "wait_reason = 'dead: retry budget spent (5 attempts)' "
         "WHERE delivery_id LIKE 'dead%%'"
     )
     # Two of destination one's rights dead letters were recorded long ago.
-    conn.execute("ALTER TABLE webhook_delivery DISABLE TRIGGER webhook_delivery_immutable")
-    conn.execute(
-        "UPDATE webhook_delivery SET created_at = '2020-01-01T00:00:00Z' "
-        "WHERE delivery_id IN ('dead-one-1', 'dead-one-2')"
-    )
-    conn.execute("ALTER TABLE webhook_delivery ENABLE TRIGGER webhook_delivery_immutable")
+    for table in ("delivery_body", "delivery_history", "delivery_state"):
+        conn.execute(
+            f"UPDATE {table} SET created_at = '2020-01-01T00:00:00Z' "
+            "WHERE delivery_id IN ('dead-one-1', 'dead-one-2')"
+        )
 
 
 COHORT = ("--destination", "one", "--event-type", "rights.updated", "--since", "2024-01-01")

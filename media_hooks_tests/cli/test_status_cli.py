@@ -30,7 +30,7 @@ def test_status_json_matches_the_database(conn, prepared, cli_env):
     measured_at = datetime.fromisoformat(document["measured_at"])
 
     rows = conn.execute(
-        "SELECT destination_id, state, count(*) AS n FROM webhook_delivery GROUP BY 1, 2"
+        "SELECT destination_id, state, count(*) AS n FROM webhook_delivery_all GROUP BY 1, 2"
     ).fetchall()
     expected: dict[str, dict[str, int]] = {}
     for row in rows:
@@ -42,14 +42,14 @@ def test_status_json_matches_the_database(conn, prepared, cli_env):
     sql = conn.execute(
         """
         SELECT
-          (SELECT count(*) FROM webhook_delivery
+          (SELECT count(*) FROM webhook_delivery_all
             WHERE state = 'leased' AND lease_until < %(at)s) AS expired_leases,
-          (SELECT count(*) FROM webhook_delivery WHERE state = 'dead') AS dead_letters,
-          (SELECT min(d.next_attempt_at) FROM webhook_delivery d
+          (SELECT count(*) FROM webhook_delivery_all WHERE state = 'dead') AS dead_letters,
+          (SELECT min(d.next_attempt_at) FROM webhook_delivery_all d
              JOIN webhook_destination w USING (destination_id)
             WHERE d.state = 'pending' AND d.next_attempt_at <= %(at)s AND w.enabled
               AND (w.paused_until IS NULL OR w.paused_until <= %(at)s)) AS oldest_due_at,
-          (SELECT min(next_attempt_at) FROM webhook_delivery
+          (SELECT min(next_attempt_at) FROM webhook_delivery_all
             WHERE state = 'pending' AND next_attempt_at <= %(at)s) AS oldest_due_any_at,
           (SELECT min(created_at) FROM dispatch_outbox WHERE published_at IS NULL) AS unpublished
         """,
@@ -66,6 +66,15 @@ def test_status_json_matches_the_database(conn, prepared, cli_env):
     # The paused and disabled destinations' deliveries are due longer than any sendable one.
     assert document["oldest_due_any_age_seconds"] >= document["oldest_due_age_seconds"]
     assert document["relay_lag_seconds"] is None and sql["unpublished"] is None
+    # How far the history's partitions reach: the least of the four tables' last ones.
+    reach = conn.execute(
+        "SELECT min(last) AS upper_at FROM (SELECT max(upper_at) AS last"
+        " FROM media_hooks_partition GROUP BY parent) AS tables"
+    ).fetchone()["upper_at"]
+    assert document["partitions_ahead_seconds"] == pytest.approx(
+        (reach - measured_at).total_seconds(), abs=1.0
+    )
+    assert document["partitions_ahead_seconds"] > 6 * 86400
 
     (paused,) = document["paused"]
     assert paused["destination_id"] == "beta"
@@ -75,7 +84,7 @@ def test_status_json_matches_the_database(conn, prepared, cli_env):
     assert "410" in disabled["disabled_reason"]
 
     attempts = conn.execute(
-        "SELECT outcome, count(*) AS n FROM delivery_attempt "
+        "SELECT outcome, count(*) AS n FROM delivery_attempt_all "
         "WHERE finished_at > %s - interval '1 hour' GROUP BY outcome",
         (measured_at,),
     ).fetchall()
@@ -98,6 +107,7 @@ def test_status_text_is_aligned_with_human_ages(conn, prepared, cli_env):
     assert "success" in out and "last hour" in out
     # No other session holds a transaction open (the command's own does not count).
     assert any(line.split() == ["oldest", "snapshot", "none"] for line in lines)
+    assert any(line.startswith("partitions made ahead") and "d" in line for line in lines)
 
 
 def test_status_on_an_unreachable_database_is_a_runtime_failure(cli_env):

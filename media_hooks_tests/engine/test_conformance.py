@@ -23,7 +23,8 @@ from media_hooks_tests.factories import add_deliveries, add_destination, deliver
 
 def _attempts(conn, delivery_id: str) -> list[dict]:
     return conn.execute(
-        "SELECT * FROM delivery_attempt WHERE delivery_id = %s ORDER BY attempt_no", (delivery_id,)
+        "SELECT * FROM delivery_attempt_all WHERE delivery_id = %s ORDER BY attempt_no",
+        (delivery_id,),
     ).fetchall()
 
 
@@ -31,7 +32,7 @@ SECRET = "whsec_" + base64.b64encode(b"conformance-test-secret-0123456").decode(
 
 
 def _make_due(conn) -> None:
-    conn.execute("UPDATE webhook_delivery SET next_attempt_at = now() WHERE state = 'pending'")
+    conn.execute("UPDATE webhook_delivery_all SET next_attempt_at = now() WHERE state = 'pending'")
     conn.execute("UPDATE webhook_destination SET paused_until = NULL")
 
 
@@ -196,7 +197,7 @@ def test_a_pause_or_a_410_hands_the_rest_of_the_destination_back(
         assert receiver.request_count == 1
     assert (counts["rate_limited"], counts["dead"], counts["deferred"]) == (rate_limited, dead, 2)
     assert states(conn) == ({"pending": 3} if rate_limited else {"dead": 1, "pending": 2})
-    pending = conn.execute("SELECT budget_used FROM webhook_delivery WHERE state = 'pending'")
+    pending = conn.execute("SELECT budget_used FROM webhook_delivery_all WHERE state = 'pending'")
     assert {r["budget_used"] for r in pending.fetchall()} == {0}
     destination = conn.execute(
         "SELECT enabled, paused_until - now() AS left, paused_reason FROM webhook_destination"
@@ -208,7 +209,7 @@ def test_a_pause_or_a_410_hands_the_rest_of_the_destination_back(
         assert destination["paused_reason"].startswith(paused_reason)
     assert rate_limits.in_flight(conn, "cdn") == []
     open_attempts = conn.execute(
-        "SELECT count(*) AS n FROM delivery_attempt WHERE finished_at IS NULL"
+        "SELECT count(*) AS n FROM delivery_attempt_all WHERE finished_at IS NULL"
     )
     assert open_attempts.fetchone()["n"] == 0
 
@@ -297,9 +298,9 @@ def test_an_address_refused_at_connect_time_disables_the_destination_not_the_del
 
         assert receiver.request_count == 0
     assert (counts["guard_refused"], counts["deferred"], counts["dead"]) == (1, 2, 0)
-    for row in conn.execute("SELECT * FROM webhook_delivery").fetchall():
+    for row in conn.execute("SELECT * FROM webhook_delivery_all").fetchall():
         assert (row["state"], row["budget_used"]) == ("pending", 0)
-    (attempt,) = conn.execute("SELECT outcome, error FROM delivery_attempt").fetchall()
+    (attempt,) = conn.execute("SELECT outcome, error FROM delivery_attempt_all").fetchall()
     assert attempt["outcome"] == "retryable" and "SSRF guard" in attempt["error"]
     (listed,) = list_destinations(conn)
     assert listed["state"] == "disabled"

@@ -38,7 +38,8 @@ SECRET = "whsec_" + base64.b64encode(b"delivery-test-secret-0123456789").decode(
 
 def _attempts(conn, delivery_id: str) -> list[dict]:
     return conn.execute(
-        "SELECT * FROM delivery_attempt WHERE delivery_id = %s ORDER BY attempt_no", (delivery_id,)
+        "SELECT * FROM delivery_attempt_all WHERE delivery_id = %s ORDER BY attempt_no",
+        (delivery_id,),
     ).fetchall()
 
 
@@ -135,7 +136,7 @@ def _deliver_in_pages(conn, pool, settings, page_size: int) -> DeliveryCounts:
 
 def _open_attempts(conn) -> int:
     return conn.execute(
-        "SELECT count(*) AS n FROM delivery_attempt WHERE finished_at IS NULL"
+        "SELECT count(*) AS n FROM delivery_attempt_all WHERE finished_at IS NULL"
     ).fetchone()["n"]
 
 
@@ -193,12 +194,12 @@ def test_an_exception_at_any_stage_hands_back_permits_and_leaves_no_lease_unreco
 
         assert rate_limits.in_flight(conn, "cdn") == []
         assert _open_attempts(conn) == 0
-        rows = conn.execute("SELECT delivery_id, state FROM webhook_delivery").fetchall()
+        rows = conn.execute("SELECT delivery_id, state FROM webhook_delivery_all").fetchall()
         assert {r["delivery_id"] for r in rows} == set(ids)
         assert "leased" not in {r["state"] for r in rows}
         # What was sent is recorded with the receiver's answer, not left to a lease expiry.
         sent = {r.webhook_id for r in receiver.requests}
-        recorded = conn.execute("SELECT delivery_id, outcome FROM delivery_attempt").fetchall()
+        recorded = conn.execute("SELECT delivery_id, outcome FROM delivery_attempt_all").fetchall()
         assert {r["delivery_id"] for r in recorded} == sent
         expected = "success" if reply.status == 200 else "rate_limited"
         assert {r["outcome"] for r in recorded} == {expected}
@@ -218,7 +219,7 @@ def test_a_sender_that_raises_is_an_ambiguous_attempt_not_a_failed_batch(
 
         assert (report.succeeded, report.ambiguous) == (3, 1)
         failed = conn.execute(
-            "SELECT outcome, error FROM delivery_attempt WHERE outcome <> 'success'"
+            "SELECT outcome, error FROM delivery_attempt_all WHERE outcome <> 'success'"
         ).fetchone()
         assert failed["outcome"] == "ambiguous"
         assert "Injected: injected at _post" in failed["error"]
@@ -257,7 +258,7 @@ def test_an_exception_while_a_start_granted_ahead_waits_hands_its_permit_back(
         (sent,) = [r.webhook_id for r in receiver.requests]
         rows = conn.execute(
             "SELECT d.delivery_id, d.state, d.budget_used, a.outcome, a.error "
-            "FROM webhook_delivery d JOIN delivery_attempt a USING (delivery_id) "
+            "FROM webhook_delivery_all d JOIN delivery_attempt_all a USING (delivery_id) "
             "ORDER BY a.started_at"
         ).fetchall()
         assert [(r["delivery_id"] == sent, r["state"], r["outcome"]) for r in rows] == [
@@ -394,7 +395,7 @@ def test_deferred_deliveries_are_due_when_the_pause_ends_on_the_database_clock(
         conn.execute("SELECT paused_until FROM webhook_destination").fetchone().values()
     )
     deferred = conn.execute(
-        "SELECT next_attempt_at FROM webhook_delivery WHERE attempt_count = 0"
+        "SELECT next_attempt_at FROM webhook_delivery_all WHERE attempt_count = 0"
     ).fetchall()
     assert [r["next_attempt_at"] for r in deferred] == [paused_until, paused_until]
 
@@ -424,7 +425,7 @@ def test_settings_the_engine_cannot_honour_disable_the_destination_before_any_se
     (listed,) = list_destinations(conn)
     assert listed["state"] == "disabled"
     assert "outside the range the engine can honour" in listed["disabled_reason"]
-    for row in conn.execute("SELECT * FROM webhook_delivery").fetchall():
+    for row in conn.execute("SELECT * FROM webhook_delivery_all").fetchall():
         assert (row["state"], row["budget_used"]) == ("pending", 0)
 
 
@@ -448,7 +449,7 @@ def test_a_stopped_run_hands_back_what_it_holds_at_once(conn, pool, settings):
     assert states(conn) == {"succeeded": sent, "pending": 600 - sent}
     assert rate_limits.in_flight(conn, "cdn") == []
     waiting = conn.execute(
-        "SELECT DISTINCT wait_reason FROM webhook_delivery WHERE state = 'pending' "
+        "SELECT DISTINCT wait_reason FROM webhook_delivery_all WHERE state = 'pending' "
         "AND wait_reason IS NOT NULL"
     ).fetchall()
     assert [r["wait_reason"] for r in waiting] == ["due again: run run-1 was stopped"]
@@ -498,7 +499,7 @@ def test_a_worker_asking_while_a_claim_runs_gets_what_that_claim_hands_back(
     assert len(alpha) == 2
     assert budget.take(100) == 0
     leased = conn.execute(
-        "SELECT destination_id, count(*) AS n FROM webhook_delivery "
+        "SELECT destination_id, count(*) AS n FROM webhook_delivery_all "
         "WHERE state <> 'pending' GROUP BY destination_id ORDER BY destination_id"
     ).fetchall()
     assert [(r["destination_id"], r["n"]) for r in leased] == [("alpha", 2), ("beta", 2)]

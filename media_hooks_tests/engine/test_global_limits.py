@@ -86,7 +86,9 @@ def test_two_processes_together_respect_start_rate_and_in_flight(conn, database_
         assert envelope_excess(starts, rate=rate, burst=burst) <= 0
         assert receiver.max_in_flight <= ceiling
         # Both processes really sent: the limit was shared, not taken by one alone.
-        runs = conn.execute("SELECT count(DISTINCT run_id) AS n FROM delivery_attempt").fetchone()
+        runs = conn.execute(
+            "SELECT count(DISTINCT run_id) AS n FROM delivery_attempt_all"
+        ).fetchone()
         assert runs["n"] == 2
 
 
@@ -106,8 +108,8 @@ def test_429_with_retry_after_stops_every_process_for_that_long(conn, database_u
         after = [r.arrived_monotonic for r in log[1:]]
         assert after and min(after) >= limited.finished_monotonic + 2.0 - 0.05
         row = conn.execute(
-            "SELECT d.next_attempt_at, a.finished_at, d.state, d.budget_used FROM webhook_delivery d "
-            "JOIN delivery_attempt a USING (delivery_id) WHERE a.outcome = 'rate_limited'"
+            "SELECT d.next_attempt_at, a.finished_at, d.state, d.budget_used FROM webhook_delivery_all d "
+            "JOIN delivery_attempt_all a USING (delivery_id) WHERE a.outcome = 'rate_limited'"
         ).fetchone()
         assert row["state"] == "pending" and row["budget_used"] == 0
         assert 1.9 <= (row["next_attempt_at"] - row["finished_at"]).total_seconds() <= 2.5

@@ -45,7 +45,7 @@ def destinations(conn, settings) -> None:
 
 def _written(conn) -> dict[str, int]:
     return conn.execute(
-        "SELECT (SELECT count(*) FROM webhook_delivery) AS deliveries, "
+        "SELECT (SELECT count(*) FROM webhook_delivery_all) AS deliveries, "
         "(SELECT count(*) FROM delivery_identity) AS identities, "
         "(SELECT count(*) FROM webhook_event) AS events"
     ).fetchone()
@@ -111,7 +111,7 @@ def test_a_committed_emit_records_what_the_python_producer_records(
     assert first["ok"] == {"deliveryId": delivery_id, "inserted": True}
     assert again["ok"] == {"deliveryId": delivery_id, "inserted": False}
     row = conn.execute(
-        "SELECT * FROM webhook_delivery WHERE delivery_id = %s", (delivery_id,)
+        "SELECT * FROM webhook_delivery_all WHERE delivery_id = %s", (delivery_id,)
     ).fetchone()
     assert (row["state"], row["payload"], row["destination_id"]) == ("pending", PAYLOAD, "cdn")
     # The body the receiver will get, byte for byte the Python producer's for this event.
@@ -121,7 +121,7 @@ def test_a_committed_emit_records_what_the_python_producer_records(
     fanned_id = event_delivery_id("evt-1", "rights")
     assert fanned["ok"]["deliveryIds"] == [fanned_id]
     assert conn.execute(
-        "SELECT destination_id FROM webhook_delivery WHERE delivery_id = %s", (fanned_id,)
+        "SELECT destination_id FROM webhook_delivery_all WHERE delivery_id = %s", (fanned_id,)
     ).fetchone() == {"destination_id": "rights"}
     # The same event from the Python producer is the same delivery: recorded once.
     assert emit(conn, _python_event(EVENT)).inserted is False

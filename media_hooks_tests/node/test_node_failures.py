@@ -111,7 +111,7 @@ def test_a_node_worker_sigkilled_with_a_request_in_flight_is_recovered(
 
         assert states(conn)["leased"] == 1
         # Its lease is held for the longest a send can take (3 x 5 s + 2 s), then lapses.
-        conn.execute("UPDATE webhook_delivery SET lease_until = now() WHERE state = 'leased'")
+        conn.execute("UPDATE webhook_delivery_all SET lease_until = now() WHERE state = 'leased'")
         _recover(conn, settings)
         _check_holds(cli_env)
         worker_report(run_worker(node, "cdn", "--json", env=node_env))
@@ -119,7 +119,7 @@ def test_a_node_worker_sigkilled_with_a_request_in_flight_is_recovered(
         assert states(conn) == {"succeeded": COUNT}
         assert receiver.effects == COUNT and receiver.accepted_ids == set(ids)
     lost = conn.execute(
-        "SELECT delivery_id, outcome, error FROM delivery_attempt WHERE run_id = 'run-killed'"
+        "SELECT delivery_id, outcome, error FROM delivery_attempt_all WHERE run_id = 'run-killed'"
     ).fetchall()
     assert [a["outcome"] for a in lost] == ["ambiguous"]
     assert "lease expired" in lost[0]["error"]
@@ -162,7 +162,7 @@ def test_python_and_node_workers_at_once_share_the_limits_and_never_succeed_twic
     assert envelope_excess(starts, rate=rate, burst=burst) <= 0
     assert states(conn) == {"succeeded": count}
     by_run = conn.execute(
-        "SELECT run_id, count(*) AS n FROM delivery_attempt WHERE outcome = 'success' "
+        "SELECT run_id, count(*) AS n FROM delivery_attempt_all WHERE outcome = 'success' "
         "GROUP BY run_id ORDER BY run_id"
     ).fetchall()
     assert {r["run_id"] for r in by_run} == {"run-node", "run-python"}, by_run

@@ -36,7 +36,8 @@ CONTRACT_HEADERS = (
 
 def _attempts(conn, delivery_id: str) -> list[dict]:
     return conn.execute(
-        "SELECT * FROM delivery_attempt WHERE delivery_id = %s ORDER BY attempt_no", (delivery_id,)
+        "SELECT * FROM delivery_attempt_all WHERE delivery_id = %s ORDER BY attempt_no",
+        (delivery_id,),
     ).fetchall()
 
 
@@ -55,7 +56,7 @@ def test_node_and_python_send_the_same_bytes_and_headers(node, node_env, conn, p
 
         def make_due() -> None:
             conn.execute(
-                "UPDATE webhook_delivery SET next_attempt_at = now() WHERE state = 'pending'"
+                "UPDATE webhook_delivery_all SET next_attempt_at = now() WHERE state = 'pending'"
             )
 
         deliver_due(pool, "run-py-1", settings, cohort=_only("python-first"))
@@ -110,7 +111,7 @@ def test_sigterm_hands_back_what_it_holds_and_exits_143(node, node_env, conn):
     assert states(conn) == {"succeeded": sent, "pending": 600 - sent}
     assert rate_limits.in_flight(conn, "cdn") == []
     waiting = conn.execute(
-        "SELECT DISTINCT wait_reason FROM webhook_delivery WHERE state = 'pending' "
+        "SELECT DISTINCT wait_reason FROM webhook_delivery_all WHERE state = 'pending' "
         "AND wait_reason IS NOT NULL"
     ).fetchall()
     assert [r["wait_reason"] for r in waiting] == ["due again: run run-stopped was stopped"]

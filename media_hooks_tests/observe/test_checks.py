@@ -50,7 +50,7 @@ def history(conn) -> psycopg.Connection:
     _finish(conn, [leased["d-pub-1"], leased["d-pub-2"]], "success", 200)
     _finish(conn, [leased["d-pub-3"]], "retryable", 500)
     _finish(conn, [leased["d-pub-4"]], "rejected", 422)
-    conn.execute("UPDATE webhook_delivery SET next_attempt_at = now() WHERE state = 'pending'")
+    conn.execute("UPDATE webhook_delivery_all SET next_attempt_at = now() WHERE state = 'pending'")
     again = _send(conn, "run-2")
     _finish(conn, [again["d-pub-3"]], "success", 200)
     add_deliveries(conn, "pub", 3, prefix="e")
@@ -74,7 +74,7 @@ def _broken(report: checks.Report) -> dict[str, tuple[str, ...]]:
 def test_states_are_as_built(history):
     rows = history.execute(
         "SELECT state, array_agg(delivery_id ORDER BY delivery_id) AS ids"
-        " FROM webhook_delivery GROUP BY state"
+        " FROM webhook_delivery_all GROUP BY state"
     ).fetchall()
     by_state = {r["state"]: r["ids"] for r in rows}
     assert by_state == {
@@ -96,38 +96,44 @@ def test_a_clean_history_holds(history, full):
 
 
 BREAKS = {
-    # An operator "closes" an attempt by hand: the delivery stays leased with no open attempt.
+    # A timer deleted by hand: no claim or sweep would find its delivery again.
+    "open_without_its_timer": (
+        "DELETE FROM delivery_timer WHERE delivery_id = 'e-pub-2'",
+        "e-pub-2",
+    ),
+    # An open attempt written by hand beside a lease (whose attempt in flight is the lease
+    # itself): the delivery no longer has exactly one.
     "leased_without_one_open_attempt": (
-        "UPDATE delivery_attempt SET finished_at = now(), outcome = 'retryable'"
-        " WHERE delivery_id = 'd-pub-5'",
+        "INSERT INTO delivery_attempt_v1 (delivery_id, attempt_no, destination_id, lease_token)"
+        " VALUES ('d-pub-5', 9, 'pub', gen_random_uuid())",
         "d-pub-5",
     ),
-    # An operator frees a leased delivery by hand: its attempt stays open without a lease.
+    # An open attempt of a delivery that is not leased (the previous layout's, left open).
     "open_attempt_without_lease": (
-        "UPDATE webhook_delivery SET state = 'pending', lease_token = NULL, lease_until = NULL"
-        " WHERE delivery_id = 'd-pub-6'",
-        "d-pub-6#1",
+        "INSERT INTO delivery_attempt_v1 (delivery_id, attempt_no, destination_id, lease_token)"
+        " VALUES ('d-pub-1', 1, 'pub', gen_random_uuid())",
+        "d-pub-1#1",
     ),
     # A lease that ended an hour ago and no sweep ended it.
     "open_attempt_past_lease": (
-        "UPDATE webhook_delivery SET lease_until = now() - interval '1 hour'"
+        "UPDATE webhook_delivery_all SET lease_until = now() - interval '1 hour'"
         " WHERE delivery_id = 'd-pub-7'",
         "d-pub-7#1",
     ),
     "two_successes": (
-        "UPDATE delivery_attempt SET outcome = 'success'"
+        "UPDATE delivery_attempt_v2 SET outcome = 'success'"
         " WHERE delivery_id = 'd-pub-3' AND attempt_no = 1",
         "d-pub-3",
     ),
     # The first attempt "never happened": the second send has no recorded reason.
     "send_without_reason": (
-        "UPDATE delivery_attempt SET outcome = 'rejected'"
+        "UPDATE delivery_attempt_v2 SET outcome = 'rejected'"
         " WHERE delivery_id = 'd-pub-3' AND attempt_no = 1",
         "d-pub-3#2",
     ),
     # Marked dead by hand after it succeeded.
     "success_matches_state": (
-        "UPDATE webhook_delivery SET state = 'dead' WHERE delivery_id = 'd-pub-1'",
+        "UPDATE webhook_delivery_all SET state = 'dead' WHERE delivery_id = 'd-pub-1'",
         "d-pub-1",
     ),
     "tombstone_beside_live": (
@@ -148,7 +154,7 @@ BREAKS = {
     # them together; no foreign key refuses it since migration 0031).
     "attempt_without_delivery": (
         "DELETE FROM dispatch_outbox WHERE delivery_id = 'd-pub-1';"
-        " DELETE FROM webhook_delivery WHERE delivery_id = 'd-pub-1'",
+        " DELETE FROM webhook_delivery_all WHERE delivery_id = 'd-pub-1'",
         "d-pub-1#1",
     ),
     "permits_past_hold": (
@@ -158,7 +164,7 @@ BREAKS = {
     # Taken out of its asset's queue by hand after its destination began coalescing.
     "left_out_of_queue": (
         "UPDATE webhook_destination SET coalescing = 'asset' WHERE destination_id = 'pub';"
-        " UPDATE webhook_delivery SET queued = false WHERE delivery_id = 'e-pub-1'",
+        " UPDATE webhook_delivery_all SET queued = false WHERE delivery_id = 'e-pub-1'",
         "e-pub-1",
     ),
 }
@@ -190,13 +196,17 @@ def test_send_after_a_rejection_is_reasoned_by_a_requeue(history):
 
 
 def test_a_succeeded_delivery_without_its_success_attempt(history):
-    history.execute("UPDATE webhook_delivery SET state = 'succeeded' WHERE delivery_id = 'e-pub-3'")
+    history.execute(
+        "UPDATE webhook_delivery_all SET state = 'succeeded' WHERE delivery_id = 'e-pub-3'"
+    )
     assert _broken(_run(history))["success_matches_state"] == ("e-pub-3",)
 
 
 def test_the_window_bounds_the_history_and_all_reads_it_whole(history):
     """A pending delivery lost its identity long ago: only --all reads that far."""
-    history.execute("UPDATE webhook_delivery SET state = 'pending' WHERE delivery_id = 'e-pub-1'")
+    history.execute(
+        "UPDATE webhook_delivery_all SET state = 'pending' WHERE delivery_id = 'e-pub-1'"
+    )
     history.execute("DELETE FROM delivery_identity WHERE delivery_id = 'e-pub-1'")
     history.execute("DELETE FROM dispatch_outbox WHERE message_id = 'e-pub-1:1'")
     assert "delivery_without_identity" not in _broken(_run(history))
@@ -204,7 +214,7 @@ def test_the_window_bounds_the_history_and_all_reads_it_whole(history):
     # An old double success falls outside a short window.
     history.execute(BREAKS["two_successes"][0])
     history.execute(
-        "UPDATE delivery_attempt SET started_at = now() - interval '2 days',"
+        "UPDATE delivery_attempt_v2 SET started_at = now() - interval '2 days',"
         " finished_at = now() - interval '2 days' WHERE delivery_id = 'd-pub-3'"
     )
     assert "two_successes" not in _broken(_run(history))
@@ -214,24 +224,29 @@ def test_the_window_bounds_the_history_and_all_reads_it_whole(history):
 def test_open_attempts_are_read_by_start_and_leases_whatever_their_age(history):
     """No index names finished_at (migration 0023): an open attempt without a lease is found
     among the attempts started in the window (an older one by --all), and a leased delivery's
-    attempt, open past its lease, whatever its start."""
+    attempt, open past its lease, whatever its start (this layout's attempt in flight is its
+    lease: it started when the lease did)."""
     history.execute(BREAKS["open_attempt_without_lease"][0])
     history.execute(BREAKS["open_attempt_past_lease"][0])
     history.execute(
-        "UPDATE delivery_attempt SET started_at = now() - interval '2 days'"
-        " WHERE delivery_id IN ('d-pub-6', 'd-pub-7')"
+        "UPDATE delivery_attempt_v1 SET started_at = now() - interval '2 days'"
+        " WHERE delivery_id = 'd-pub-1'"
+    )
+    history.execute(
+        "UPDATE delivery_state SET lease_started_at = now() - interval '2 days'"
+        " WHERE delivery_id = 'd-pub-7'"
     )
     window = _broken(_run(history))
     assert "open_attempt_without_lease" not in window
     assert window["open_attempt_past_lease"] == ("d-pub-7#1",)
     everything = _broken(_run(history, full=True))
-    assert everything["open_attempt_without_lease"] == ("d-pub-6#1",)
+    assert everything["open_attempt_without_lease"] == ("d-pub-1#1",)
     assert everything["open_attempt_past_lease"] == ("d-pub-7#1",)
 
 
 def test_a_lease_within_its_margin_holds(history):
     history.execute(
-        "UPDATE webhook_delivery SET lease_until = now() - interval '1 minute'"
+        "UPDATE webhook_delivery_all SET lease_until = now() - interval '1 minute'"
         " WHERE delivery_id = 'd-pub-7'"
     )
     assert "open_attempt_past_lease" not in _broken(_run(history))
@@ -242,21 +257,19 @@ def test_a_lease_within_its_margin_holds(history):
 
 def test_counts_through_a_corrupt_index_differ_from_status(history):
     """An index that stopped being maintained (simulated: marked not ready for inserts) hides a
-    leased row from `status`'s count through it, and the rows' count disagrees."""
-    history.execute(
-        "UPDATE pg_index SET indisready = false"
-        " WHERE indexrelid = 'webhook_delivery_lease'::regclass"
+    dead letter from `status`'s count through it (delivery_history_dead, whose partitions' own
+    indexes `status` reads), and the rows' count disagrees."""
+    partitions = (
+        "SELECT inhrelid FROM pg_inherits WHERE inhparent = 'delivery_history_dead'::regclass"
     )
-    (token,) = history.execute("SELECT gen_random_uuid()").fetchone().values()
+    history.execute(f"UPDATE pg_index SET indisready = false WHERE indexrelid IN ({partitions})")
+    # Dead in no queue: written to history.
     history.execute(
-        "UPDATE webhook_delivery SET state = 'leased', lease_until = now() + interval '1 minute',"
-        " lease_token = %s WHERE delivery_id = 'e-pub-3'",
-        (token,),
+        "UPDATE webhook_delivery_all SET state = 'dead', queued = false"
+        " WHERE delivery_id = 'e-pub-3'"
     )
-    history.execute(
-        "UPDATE pg_index SET indisready = true WHERE indexrelid = 'webhook_delivery_lease'::regclass"
-    )
-    assert _broken(_run(history))["counts_by_state"] == ("leased: status 3, rows 4",)
+    history.execute(f"UPDATE pg_index SET indisready = true WHERE indexrelid IN ({partitions})")
+    assert _broken(_run(history))["counts_by_state"] == ("dead: status 1, rows 2",)
 
 
 def test_the_check_reads_one_snapshot_and_writes_nothing(history):
@@ -289,8 +302,12 @@ def test_the_default_pass_looks_up_its_live_deliveries_not_a_year_of_tombstones(
     every tombstone."""
     add_destination(conn, "cdn", url="http://127.0.0.1:9/")
     preload(database_url, 3_000, ["cdn"], span_seconds=3_600)
-    purged = conn.execute(query("purge_terminal_batch"), {"cutoff": "infinity", "batch_size": 5000})
-    assert purged.fetchone()["tombstones"] == 3_000
+    # Retention forgot them, their ranges dropped whole: 3,000 identities whose delivery no
+    # table holds.
+    conn.execute(
+        "TRUNCATE delivery_body, delivery_history, dispatch_outbox_v3, delivery_attempt_v2"
+    )
+    assert conn.execute("SELECT count(*) AS n FROM delivery_identity").fetchone()["n"] == 3_000
     # Beside them, delivered history older than the window, and a live backlog.
     add_deliveries(conn, "cdn", 3_000, state="succeeded", age_seconds=2 * 86_400)
     add_deliveries(conn, "cdn", 5)

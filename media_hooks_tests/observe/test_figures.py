@@ -14,13 +14,14 @@ from media_hooks.store import db, sessions, sqlfiles
 from media_hooks.store.sqlfiles import query
 from media_hooks_tests.conftest import REPO
 from media_hooks_tests.factories import (
+    add_attempts,
     add_deliveries,
     add_destination,
     claim_all,
     claim_messages,
 )
 from media_hooks_tests.interleaving import open_session, snapshot_held, wait_for
-from media_hooks_tests.plans import analyzed, rows_read
+from media_hooks_tests.plans import analyzed, rows_read, seq_scans
 
 
 def _prepare(conn) -> None:
@@ -41,20 +42,20 @@ def _prepare(conn) -> None:
     add_deliveries(conn, "off", 1, due_seconds_ago=900)
     expired = add_deliveries(conn, "live", 2, state="leased")
     conn.execute(
-        "UPDATE webhook_delivery SET lease_until = now() - interval '5 seconds' "
+        "UPDATE webhook_delivery_all SET lease_until = now() - interval '5 seconds' "
         "WHERE delivery_id = ANY(%s)",
         (expired,),
     )
     add_deliveries(conn, "live", 1, state="leased", prefix="held")
     enqueued = add_deliveries(conn, "live", 1, state="enqueued")
     conn.execute(
-        "INSERT INTO dispatch_outbox_v2 (message_id, delivery_id, dispatch_no, destination_id, "
-        "run_id, created_at) VALUES (%s || ':1', %s, 1, 'live', 'run-1', "
-        "now() - interval '30 seconds')",
-        (enqueued[0], enqueued[0]),
+        "INSERT INTO dispatch_outbox_v3 (message_id, delivery_id, dispatch_no, destination_id, "
+        "run_id, delivery_created_at, created_at) SELECT %s || ':1', %s, 1, 'live', 'run-1', "
+        "created_at, now() - interval '30 seconds' FROM delivery_state WHERE delivery_id = %s",
+        (enqueued[0], enqueued[0], enqueued[0]),
     )
     conn.execute(
-        "UPDATE webhook_delivery SET current_message_id = delivery_id || ':1', "
+        "UPDATE webhook_delivery_all SET current_message_id = delivery_id || ':1', "
         "updated_at = now() - interval '30 seconds' WHERE delivery_id = %s",
         (enqueued[0],),
     )
@@ -62,25 +63,17 @@ def _prepare(conn) -> None:
     done = add_deliveries(conn, "live", 5, state="succeeded")
     # A dispatch of a run that died, never published: its delivery succeeded through a later one.
     conn.execute(
-        "INSERT INTO dispatch_outbox_v2 (message_id, delivery_id, dispatch_no, destination_id, "
-        "run_id, created_at) VALUES (%s || ':1', %s, 1, 'live', 'run-0', "
-        "now() - interval '1 hour')",
-        (done[1], done[1]),
+        "INSERT INTO dispatch_outbox_v3 (message_id, delivery_id, dispatch_no, destination_id, "
+        "run_id, delivery_created_at, created_at) SELECT %s || ':1', %s, 1, 'live', 'run-0', "
+        "created_at, now() - interval '1 hour' FROM delivery_history WHERE delivery_id = %s",
+        (done[1], done[1], done[1]),
     )
-    for offset, outcome in [
-        ("10 minutes", "success"),
-        ("20 minutes", "success"),
-        ("30 minutes", "retryable"),
-        ("3 hours", "rate_limited"),
-        ("2 days", "success"),
-    ]:
-        conn.execute(
-            "INSERT INTO delivery_attempt (delivery_id, attempt_no, destination_id, lease_token, "
-            "started_at, finished_at, outcome) SELECT %s, 1 + count(*), 'live', "
-            "gen_random_uuid(), now() - %s::interval, now() - %s::interval, %s "
-            "FROM delivery_attempt WHERE delivery_id = %s",
-            (done[0], offset, offset, outcome, done[0]),
-        )
+    # Its attempts, by the minutes since each: three within the hour, one more within the day.
+    minutes_ago = [
+        (10, "success"), (20, "success"), (30, "retryable"), (180, "rate_limited"),
+        (2 * 24 * 60, "success"),
+    ]  # fmt: skip
+    add_attempts(conn, done[0], [(m * 60, m * 60, outcome) for m, outcome in minutes_ago])
 
 
 def test_figures_match_the_prepared_rows(conn):
@@ -123,7 +116,7 @@ def test_relay_lag_counts_only_messages_still_waited_for(conn):
     ids = add_deliveries(conn, "live", 3)
     claim_all(conn, "killed", Cohort())
     conn.execute(
-        "UPDATE dispatch_outbox_v2 SET created_at = now() - interval '40 minutes',"
+        "UPDATE dispatch_outbox_v3 SET created_at = now() - interval '40 minutes',"
         " published_at = NULL WHERE run_id = 'killed'"
     )
     assert figures.measure(conn).relay_lag_seconds == pytest.approx(2400, abs=5)
@@ -131,7 +124,7 @@ def test_relay_lag_counts_only_messages_still_waited_for(conn):
     assert figures.measure(conn).relay_lag_seconds is None  # due again: the oldest due figure
     claim_messages(conn, "next")
     conn.execute(
-        "UPDATE webhook_delivery SET state = 'succeeded' WHERE delivery_id = ANY(%s)", (ids,)
+        "UPDATE webhook_delivery_all SET state = 'succeeded' WHERE delivery_id = ANY(%s)", (ids,)
     )
     assert figures.measure(conn).relay_lag_seconds is None
 
@@ -239,36 +232,75 @@ def test_a_session_name_carries_the_newest_migration_and_reads_back():
     ],
 )
 def test_each_figure_is_an_index_scan(conn, name):
+    """Both layouts hold deliveries, as while the previous release runs beside this one
+    (migration 0034): each figure reads the history and the open deliveries' state rows by
+    index. The timers, one narrow row per open delivery, hold no history: counting the backlog
+    by them may read them whole, as the previous layout's figures read each open state's
+    partial index whole. The backlog is large enough for the plans to be the ones a real one
+    gets (a table of a few pages is read whole by any plan)."""
     add_destination(conn, "live", "http://127.0.0.1:9/live")
-    ids = add_deliveries(conn, "live", 4000, state="succeeded")
-    for state, n in [("pending", 300), ("dead", 50), ("leased", 20)]:
-        add_deliveries(conn, "live", n, state=state)
+    for previous in (False, True):
+        prefix = "previous-" if previous else ""
+        ids = add_deliveries(
+            conn, "live", 4000, state="succeeded", prefix=f"{prefix}succeeded",
+            previous_release=previous,
+        )  # fmt: skip
+        for state, n in [("pending", 3000), ("dead", 50), ("leased", 20)]:
+            add_deliveries(
+                conn, "live", n, state=state, prefix=f"{prefix}{state}", previous_release=previous
+            )
+        _add_history(conn, ids, previous=previous)
+    conn.execute("VACUUM ANALYZE")
+    (plan,) = conn.execute(
+        ("EXPLAIN (FORMAT JSON) " + query(name)).encode(), {"now": None}
+    ).fetchone()["QUERY PLAN"]
+    tables = {
+        "delivery_state", "delivery_history", "delivery_body", "dispatch_outbox_v3",
+        "delivery_attempt_v2", "webhook_delivery_v1", "dispatch_outbox_v1", "dispatch_outbox_v2",
+        "delivery_attempt_v1",
+    }  # fmt: skip
+    assert seq_scans(conn, plan["Plan"], tables) == [], json.dumps(plan, indent=1)
+    assert "Index" in json.dumps(plan), json.dumps(plan, indent=1)
+
+
+def _add_history(conn, ids: list[str], *, previous: bool) -> None:
+    """A successful attempt a minute apart for each of ``ids`` (succeeded deliveries), its
+    dispatch, and a dispatch of a killed run, never published, that went out later: in the
+    previous layout's tables or in this one's (under the delivery's creation time)."""
+    if previous:
+        conn.execute(
+            "INSERT INTO delivery_attempt_v1 (delivery_id, attempt_no, destination_id, "
+            "lease_token, started_at, finished_at, outcome) SELECT d, 1, 'live', "
+            "gen_random_uuid(), now() - (i * interval '1 minute'), "
+            "now() - (i * interval '1 minute'), 'success' "
+            "FROM unnest(%s::text[]) WITH ORDINALITY AS u(d, i)",
+            (ids,),
+        )
+        conn.execute(
+            "INSERT INTO dispatch_outbox_v2 (message_id, delivery_id, dispatch_no, "
+            "destination_id, run_id, published_at) "
+            "SELECT d || ':' || n, d, n, 'live', CASE n WHEN 1 THEN 'killed' ELSE 'r' END, "
+            "CASE n WHEN 2 THEN now() END FROM unnest(%s::text[]) AS d, generate_series(1, 2) AS n",
+            (ids,),
+        )
+        return
     conn.execute(
-        "INSERT INTO delivery_attempt (delivery_id, attempt_no, destination_id, lease_token, "
-        "started_at, finished_at, outcome) SELECT d, 1, 'live', gen_random_uuid(), "
-        "now() - (i * interval '1 minute'), now() - (i * interval '1 minute'), 'success' "
-        "FROM unnest(%s::text[]) WITH ORDINALITY AS u(d, i)",
+        "INSERT INTO delivery_attempt_v2 (delivery_id, attempt_no, destination_id, lease_token, "
+        "delivery_created_at, started_at, finished_at, outcome) SELECT d, 1, 'live', "
+        "gen_random_uuid(), h.created_at, now() - (i * interval '1 minute'), "
+        "now() - (i * interval '1 minute'), 'success' "
+        "FROM unnest(%s::text[]) WITH ORDINALITY AS u(d, i) "
+        "JOIN delivery_history AS h ON h.delivery_id = u.d",
         (ids,),
     )
     conn.execute(
-        "INSERT INTO dispatch_outbox_v2 (message_id, delivery_id, dispatch_no, destination_id, "
-        "run_id, published_at) SELECT delivery_id || ':1', delivery_id, 1, 'live', 'r', "
-        "now() FROM webhook_delivery WHERE state = 'succeeded'"
+        "INSERT INTO dispatch_outbox_v3 (message_id, delivery_id, dispatch_no, destination_id, "
+        "run_id, delivery_created_at, published_at) "
+        "SELECT h.delivery_id || ':' || n, h.delivery_id, n, 'live', "
+        "CASE n WHEN 1 THEN 'killed' ELSE 'r' END, h.created_at, CASE n WHEN 2 THEN now() END "
+        "FROM delivery_history AS h, generate_series(1, 2) AS n WHERE h.delivery_id = ANY (%s)",
+        (ids,),
     )
-    # Dispatches of killed runs, never published, whose deliveries went out later.
-    conn.execute(
-        "INSERT INTO dispatch_outbox_v2 (message_id, delivery_id, dispatch_no, destination_id, "
-        "run_id) SELECT delivery_id || ':2', delivery_id, 2, 'live', 'killed' "
-        "FROM webhook_delivery WHERE state = 'succeeded'"
-    )
-    conn.execute("VACUUM ANALYZE")
-    plan = "\n".join(
-        row["QUERY PLAN"]
-        for row in conn.execute("EXPLAIN " + query(name), {"now": None}).fetchall()
-    )
-    for table in ("webhook_delivery", "dispatch_outbox_v2", "delivery_attempt"):
-        assert f"Seq Scan on {table}" not in plan, plan
-    assert "Index" in plan, plan
 
 
 def test_without_the_history_a_measurement_reads_the_open_and_dead_deliveries_only(conn):
@@ -277,7 +309,7 @@ def test_without_the_history_a_measurement_reads_the_open_and_dead_deliveries_on
     the weeks of succeeded history beside them (20,000 rows here)."""
     _prepare(conn)
     add_deliveries(conn, "live", 20_000, state="succeeded", prefix="history")
-    conn.execute("VACUUM ANALYZE webhook_delivery")
+    conn.execute("VACUUM ANALYZE delivery_history, delivery_state, delivery_timer")
 
     now = conn.execute("SELECT now() AS now").fetchone()["now"]
     whole, lean = figures.measure(conn, now=now), figures.measure(conn, now=now, history=False)
@@ -292,4 +324,5 @@ def test_without_the_history_a_measurement_reads_the_open_and_dead_deliveries_on
         figures.measure(conn, history=False, by="event-type")
 
     plan = analyzed(conn, figures.OPEN_COUNTS)
-    assert rows_read(plan, "webhook_delivery") < 100, plan
+    layouts = ("delivery_history", "delivery_state", "delivery_timer", "webhook_delivery_v1")
+    assert sum(rows_read(plan, table) for table in layouts) < 100, plan

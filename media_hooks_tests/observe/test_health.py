@@ -13,7 +13,7 @@ from media_hooks.engine.delivery_run import deliver_due
 from media_hooks.observe import figures, health
 from media_hooks.outbox.destinations import disable_destination
 from media_hooks.outbox.maintenance import sweeps
-from media_hooks_tests.factories import add_deliveries, add_destination
+from media_hooks_tests.factories import add_attempts, add_deliveries, add_destination
 
 
 def _disabled(conn) -> dict[str, tuple[str, int]]:
@@ -47,16 +47,9 @@ def test_the_guard_a_410_and_out_of_range_settings_are_named_by_what_disabled_th
 def test_the_circuit_breaker_and_an_operator_are_named(conn):
     add_destination(conn, "flaky")
     add_deliveries(conn, "flaky", 1)
-    conn.execute(
-        """
-        INSERT INTO delivery_attempt (delivery_id, attempt_no, destination_id, lease_token,
-                                      started_at, finished_at, outcome, error)
-        SELECT 'd-flaky-1', g, 'flaky', gen_random_uuid(),
-               now() - make_interval(hours => 30) + make_interval(mins => g * 58), now(),
-               'retryable', 'HTTP 500'
-        FROM generate_series(1, 30) AS g
-        """
-    )
+    # Thirty failed attempts over 30 hours, one every 58 minutes.
+    started_ago = [30 * 3600 - g * 58 * 60 for g in range(1, 31)]
+    add_attempts(conn, "d-flaky-1", [(s, 0, "retryable") for s in started_ago], error="HTTP 500")
     assert sweeps.trip_circuit_breakers(conn, Settings.from_env())
     add_destination(conn, "paused-by-hand")
     disable_destination(conn, "paused-by-hand", "publisher's maintenance window")

@@ -67,7 +67,7 @@ def test_a_retried_attempt_says_when_and_why_it_goes_again(conn, prepared):
     # The wait the database chose: attempt 1's backoff on a base of 600 s, with its jitter.
     row = conn.execute(
         "SELECT wait_reason, extract(epoch FROM next_attempt_at - updated_at) AS wait"
-        " FROM webhook_delivery WHERE delivery_id = %s",
+        " FROM webhook_delivery_all WHERE delivery_id = %s",
         (prepared["waiting"],),
     ).fetchone()
     assert 480 <= row["wait"] <= 720
@@ -82,7 +82,7 @@ def test_a_dispatch_says_whether_its_claim_published_it(conn, prepared):
     add_dispatches(conn, [delivery_id], published=False)
     add_dispatches(conn, [delivery_id], published=False)
     conn.execute(
-        "UPDATE dispatch_outbox_v2 SET published_at = created_at + interval '2 seconds'"
+        "UPDATE dispatch_outbox_v3 SET published_at = created_at + interval '2 seconds'"
         " WHERE message_id = %s",
         (f"{delivery_id}:2",),
     )

@@ -93,8 +93,8 @@ def test_the_history_is_counted_on_its_own_schedule(conn, database_url):
         registry = registry_for(connect, counter)
         wait_for(lambda: samples(registry).get(SUCCEEDED) == 1, "the first count")
         conn.execute(
-            "UPDATE webhook_delivery SET state = 'succeeded', updated_at = now()"
-            " WHERE delivery_id = (SELECT min(delivery_id) FROM webhook_delivery"
+            "UPDATE webhook_delivery_all SET state = 'succeeded', updated_at = now()"
+            " WHERE delivery_id = (SELECT min(delivery_id) FROM webhook_delivery_all"
             " WHERE destination_id = 'alpha' AND state = 'pending')"
         )
         wait_for(lambda: samples(registry).get(SUCCEEDED) == 2, "a later count")

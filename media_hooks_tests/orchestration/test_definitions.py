@@ -34,8 +34,8 @@ def test_definitions_resolve_with_every_job_schedule_and_sensor():
         "media_hooks/outbox"
     ]
     # The invariants, the counts, and the figure checks (oldest due, relay lag, oldest
-    # snapshot, destinations sending, last run delivered).
-    assert len(repo.asset_graph.asset_check_keys) == len(checks.CHECKS) + 1 + 5
+    # snapshot, partitions ahead, destinations sending, last run delivered).
+    assert len(repo.asset_graph.asset_check_keys) == len(checks.CHECKS) + 1 + 6
     assert all(s.default_status == DefaultScheduleStatus.RUNNING for s in repo.schedule_defs)
     assert all(s.default_status == DefaultSensorStatus.RUNNING for s in repo.sensor_defs)
     assert deliver_webhooks_job().name == "deliver_webhooks"

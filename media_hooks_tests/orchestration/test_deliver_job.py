@@ -69,9 +69,9 @@ def test_three_destinations_one_step_per_destination_counts_rows_carry_the_run_i
     assert {r["outcome"] for r in attempts} == {"success"} and len(attempts) == 12
     outbox = conn.execute("SELECT DISTINCT run_id FROM dispatch_outbox").fetchall()
     assert [r["run_id"] for r in outbox] == [run.run_id]
-    attempts = conn.execute("SELECT DISTINCT run_id FROM delivery_attempt").fetchall()
+    attempts = conn.execute("SELECT DISTINCT run_id FROM delivery_attempt_all").fetchall()
     assert [r["run_id"] for r in attempts] == [run.run_id]
-    states = conn.execute("SELECT DISTINCT state FROM webhook_delivery").fetchall()
+    states = conn.execute("SELECT DISTINCT state FROM webhook_delivery_all").fetchall()
     assert [r["state"] for r in states] == ["succeeded"]
     tags = instance.get_run_by_id(run.run_id).tags
     assert tags["media_hooks/kind"] == "delivery"
@@ -114,7 +114,7 @@ def test_a_cohort_run_takes_only_its_cohort_and_tags_the_run(
     }
     assert instance.get_run_by_id(run.run_id).tags["media_hooks/cohort.destination_ids"] == "beta"
     pending = conn.execute(
-        "SELECT destination_id, count(*) AS n FROM webhook_delivery WHERE state = 'pending' "
+        "SELECT destination_id, count(*) AS n FROM webhook_delivery_all WHERE state = 'pending' "
         "GROUP BY 1 ORDER BY 1"
     ).fetchall()
     assert [(r["destination_id"], r["n"]) for r in pending] == [("alpha", 3), ("beta", 1)]
@@ -192,7 +192,9 @@ def test_reexecution_from_failure_sends_no_succeeded_delivery_twice(
     assert not failed.success
     done_before = {
         r["delivery_id"]
-        for r in conn.execute("SELECT delivery_id FROM webhook_delivery WHERE state = 'succeeded'")
+        for r in conn.execute(
+            "SELECT delivery_id FROM webhook_delivery_all WHERE state = 'succeeded'"
+        )
     }
     assert 1 <= len(done_before) <= 5
     # What the run-failure sensor does as soon as Dagster reports the failure.
@@ -232,7 +234,8 @@ def test_a_failure_to_record_outcomes_fails_the_step_without_a_dagster_retry(
         """
         CREATE FUNCTION refuse_outcomes() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN RAISE EXCEPTION 'outcomes refused by a test rule'; END $$;
-        CREATE TRIGGER refuse_outcomes BEFORE UPDATE OF outcome ON delivery_attempt
+        -- An attempt of this layout is written once, when its outcome is recorded.
+        CREATE TRIGGER refuse_outcomes BEFORE INSERT ON delivery_attempt_v2
             FOR EACH ROW EXECUTE FUNCTION refuse_outcomes();
         """
     )
@@ -269,7 +272,7 @@ def test_an_infrastructure_fault_in_a_delivery_step_is_retried_by_dagster(
             IF nextval('claims_seen') = 1 THEN RAISE EXCEPTION 'a passing fault'; END IF;
             RETURN NEW;
         END $$;
-        CREATE TRIGGER refuse_the_first_claim BEFORE INSERT ON dispatch_outbox_v2
+        CREATE TRIGGER refuse_the_first_claim BEFORE INSERT ON dispatch_outbox_v3
             FOR EACH ROW EXECUTE FUNCTION refuse_the_first_claim();
         """
     )

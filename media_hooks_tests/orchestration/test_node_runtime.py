@@ -172,7 +172,7 @@ def test_canceling_a_node_run_stops_the_worker_and_leaves_nothing_held(
     assert own_instance.get_run_by_id(run.run_id).status == DagsterRunStatus.CANCELED
     assert _node_processes(run.run_id) == []
     assert set(states(conn)) == {"pending"}
-    cut_short = conn.execute("SELECT outcome FROM delivery_attempt ORDER BY 1").fetchall()
+    cut_short = conn.execute("SELECT outcome FROM delivery_attempt_all ORDER BY 1").fetchall()
     assert [r["outcome"] for r in cut_short] == ["ambiguous", "ambiguous"]
     checked = run_cli("check", env=cli_env)
     assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -99,7 +99,7 @@ def test_the_sensor_evaluates_every_check_without_a_run(own_instance, database_u
     assert result.run_requests == []
     # The sensor's page shows each tick's cursor: what fails, in words.
     assert result.cursor.startswith(
-        "1 of 19 outbox checks fail: delivery_without_identity (ERROR): 1 row(s) break it "
+        f"1 of {len(outbox_asset.SPECS)} outbox checks fail: delivery_without_identity (ERROR): 1 row(s) break it "
         "(d-pub-2): every delivery holds its identity row (invariant 8)"
     )
 
@@ -144,8 +144,8 @@ def _no_run() -> outbox_asset.Verdict:
 def test_each_reading_costs_what_its_span_did_not_the_history_beside_it(
     own_instance, conn, database_url, settings
 ):
-    """Beside an hour of 3,000 delivered deliveries (each with its outbox row, attempt and
-    identity): a run's summary fetches a few rows; a tick of the sensor reads the day's checks
+    """Beside an hour of 3,000 delivered deliveries (each in history with its body, dispatch,
+    attempt and identity, in their partitions): a run's summary fetches a few rows; a tick of the sensor reads the day's checks
     but counts no succeeded history; the asset page's "Execute" reads it all."""
     add_destination(conn, "cdn", url="http://127.0.0.1:9/")
     preload(database_url, 3_000, ["cdn"], span_seconds=3_600)
@@ -176,7 +176,7 @@ def test_lateness_warns_past_its_threshold_and_errs_past_four_times_it(
     warned = _execute_checks(own_instance, database_url)["oldest_due_age"]
     assert (warned.passed, warned.severity) == (False, AssetCheckSeverity.WARN)
     assert warned.metadata["error_at_seconds"].value == 240
-    conn.execute("UPDATE webhook_delivery SET next_attempt_at = now() - interval '5 minutes'")
+    conn.execute("UPDATE webhook_delivery_all SET next_attempt_at = now() - interval '5 minutes'")
     erred = _execute_checks(own_instance, database_url)["oldest_due_age"]
     assert (erred.passed, erred.severity) == (False, AssetCheckSeverity.ERROR)
     assert _execute_checks(own_instance, database_url)["relay_lag"].passed
@@ -214,6 +214,31 @@ def test_the_snapshot_check_warns_from_its_threshold_and_errs_from_four_times_it
     assert (verdict(3600.0).passed, verdict(3600.0).severity) == (False, AssetCheckSeverity.WARN)
     assert verdict(14400.0).severity == AssetCheckSeverity.ERROR
     assert "pid 42" in verdict(3600.0).description
+
+
+def test_partitions_made_less_than_the_threshold_ahead_warn_from_the_asset_check(
+    own_instance, database_url, monkeypatch
+):
+    """Migrations and delivery runs make a week of partitions ahead: a threshold of thirty days
+    finds them short, and the check names how far ahead they reach; at its default it passes."""
+    assert _execute_checks(own_instance, database_url)["partitions_ahead"].passed
+    monkeypatch.setenv("MEDIA_HOOKS_ALERT_PARTITIONS_AHEAD_SECONDS", str(30 * 86400))
+    warned = _execute_checks(own_instance, database_url)["partitions_ahead"]
+    assert (warned.passed, warned.severity) == (False, AssetCheckSeverity.WARN)
+    assert "an emit past them fails" in warned.description
+
+
+def test_the_partitions_check_errs_once_none_is_left_ahead():
+    at = datetime.now(UTC)
+
+    def verdict(ahead: float | None) -> outbox_asset.Verdict:
+        f = figures.Figures(at, {}, None, None, None, None, None, 0, 0, None)
+        return outbox_asset.partitions_verdict(replace(f, partitions_ahead_seconds=ahead), 86400.0)
+
+    assert verdict(None).passed and verdict(86400.0).passed
+    assert (verdict(3600.0).passed, verdict(3600.0).severity) == (False, AssetCheckSeverity.WARN)
+    assert verdict(0.0).severity == AssetCheckSeverity.ERROR
+    assert verdict(-60.0).severity == AssetCheckSeverity.ERROR
 
 
 def _evaluations_of(instance, run_id: str) -> dict[str, object]:

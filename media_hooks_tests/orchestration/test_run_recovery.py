@@ -95,7 +95,7 @@ def test_a_killed_run_leaves_nothing_stuck_for_the_next(
     assert states(conn) == {"succeeded": 6}
     # The two sends the kill cut off are closed as ambiguous, the reason for their second send.
     cut_off = conn.execute(
-        "SELECT outcome, retry_reason FROM delivery_attempt WHERE run_id = %s", (dead.run_id,)
+        "SELECT outcome, retry_reason FROM delivery_attempt_all WHERE run_id = %s", (dead.run_id,)
     ).fetchall()
     assert (
         cut_off
@@ -128,7 +128,7 @@ def test_ctrl_c_cancels_the_run_and_hands_its_rows_back(env, conn, own_instance,
     (line,) = out.splitlines()
     assert line.startswith(f"run {run.run_id} stopped: interrupted (Ctrl-C), canceled; ")
     assert set(states(conn)) == {"pending"}
-    cut_short = conn.execute("SELECT outcome FROM delivery_attempt ORDER BY 1").fetchall()
+    cut_short = conn.execute("SELECT outcome FROM delivery_attempt_all ORDER BY 1").fetchall()
     assert [r["outcome"] for r in cut_short] == ["ambiguous", "ambiguous"]
     assert slot_holders(own_instance.event_log_storage) == []
 
@@ -247,6 +247,6 @@ def test_a_database_outage_fails_the_run_in_one_line_and_its_rows_come_back(
     # Nothing waits for a timeout: what the run did not finish is due now.
     assert set(states(conn)) <= {"succeeded", "pending"}
     not_due = conn.execute(
-        "SELECT count(*) AS n FROM webhook_delivery WHERE state = 'pending' AND next_attempt_at > now()"
+        "SELECT count(*) AS n FROM webhook_delivery_all WHERE state = 'pending' AND next_attempt_at > now()"
     ).fetchone()["n"]
     assert not_due == 0

@@ -236,7 +236,7 @@ def test_expired_leases_and_stale_enqueues_are_work(own_instance, database_url, 
     add_destination(conn, "live", "http://127.0.0.1:9/live")
     leased = add_deliveries(conn, "live", 2, state="leased")
     conn.execute(
-        "UPDATE webhook_delivery SET lease_until = now() - interval '1 minute' "
+        "UPDATE webhook_delivery_all SET lease_until = now() - interval '1 minute' "
         "WHERE delivery_id = ANY(%s)",
         (leased,),
     )
@@ -244,14 +244,14 @@ def test_expired_leases_and_stale_enqueues_are_work(own_instance, database_url, 
     assert [r.tags["media_hooks/work"] for r in expired] == ["2 expired lease(s)"]
 
     conn.execute(
-        "UPDATE webhook_delivery SET state = 'succeeded', lease_until = NULL, lease_token = NULL"
+        "UPDATE webhook_delivery_all SET state = 'succeeded', lease_until = NULL, lease_token = NULL"
     )
     add_deliveries(conn, "live", 3, prefix="q")
     claim_all(conn, "a-run-that-vanished", Cohort())
     quick = DeliverySettingsResource(enqueue_timeout_seconds=60)
     assert _tick(own_instance, database_url, settings=quick).run_requests == []
     conn.execute(
-        "UPDATE webhook_delivery SET updated_at = now() - interval '2 minutes' WHERE state = 'enqueued'"
+        "UPDATE webhook_delivery_all SET updated_at = now() - interval '2 minutes' WHERE state = 'enqueued'"
     )
     stale = _tick(own_instance, database_url, settings=quick).run_requests
     assert [r.tags["media_hooks/work"] for r in stale] == ["stale enqueues (oldest 120s)"]
@@ -269,9 +269,11 @@ def test_a_parked_delivery_left_heading_its_queue_is_woken_and_caught_up(
     )
     # Its head leaves the queue without waking it, as when the trigger could not see it (the
     # interleaving itself: test_ordering_born_parked.py).
-    conn.execute("ALTER TABLE webhook_delivery DISABLE TRIGGER webhook_delivery_release_queue_head")
-    conn.execute("UPDATE webhook_delivery SET state = 'succeeded' WHERE delivery_id = %s", (head,))
-    conn.execute("ALTER TABLE webhook_delivery ENABLE TRIGGER webhook_delivery_release_queue_head")
+    conn.execute("ALTER TABLE delivery_state DISABLE TRIGGER delivery_state_left_queue")
+    conn.execute(
+        "UPDATE webhook_delivery_all SET state = 'succeeded' WHERE delivery_id = %s", (head,)
+    )
+    conn.execute("ALTER TABLE delivery_state ENABLE TRIGGER delivery_state_left_queue")
 
     result = _tick(own_instance, database_url)
     assert [
@@ -279,7 +281,7 @@ def test_a_parked_delivery_left_heading_its_queue_is_woken_and_caught_up(
     ] == [True]
     assert _health(result).startswith("woke 1 parked delivery(ies) heading their asset's queue; ")
     due = conn.execute(
-        "SELECT next_attempt_at <= now() AS due FROM webhook_delivery WHERE delivery_id = %s",
+        "SELECT next_attempt_at <= now() AS due FROM webhook_delivery_all WHERE delivery_id = %s",
         (second,),
     ).fetchone()
     assert due["due"]
@@ -360,7 +362,7 @@ def test_one_alert_per_incident_then_one_recovery(
     assert "oldest due delivery is 6" in inbox.texts[0]
 
     conn.execute(
-        "UPDATE webhook_delivery SET state = 'succeeded' WHERE delivery_id = ANY(%s)", (late,)
+        "UPDATE webhook_delivery_all SET state = 'succeeded' WHERE delivery_id = ANY(%s)", (late,)
     )
     for _ in range(2):
         cursor = _tick(own_instance, database_url, cursor).cursor
@@ -439,7 +441,7 @@ def test_failure_sensor_releases_exactly_the_failed_runs_rows_and_frees_its_slot
     assert isinstance(result, SkipReason)
     assert "4 delivery(ies) due again, 1 pool slot(s) freed" in result.skip_message
     states = conn.execute(
-        "SELECT destination_id, state, count(*) AS n FROM webhook_delivery GROUP BY 1, 2 ORDER BY 1"
+        "SELECT destination_id, state, count(*) AS n FROM webhook_delivery_all GROUP BY 1, 2 ORDER BY 1"
     ).fetchall()
     assert [(r["destination_id"], r["state"], r["n"]) for r in states] == [
         ("a", "pending", 4),

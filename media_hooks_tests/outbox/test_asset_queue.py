@@ -24,7 +24,7 @@ QUEUE = "webhook_delivery_queue"
 
 
 def _queued(conn: psycopg.Connection) -> dict[str, bool | None]:
-    rows = conn.execute("SELECT destination_id, queued FROM webhook_delivery").fetchall()
+    rows = conn.execute("SELECT destination_id, queued FROM webhook_delivery_all").fetchall()
     found: dict[str, set] = {}
     for row in rows:
         found.setdefault(row["destination_id"], set()).add(row["queued"])
@@ -36,7 +36,7 @@ def _in_queue_index(conn: psycopg.Connection, destination_id: str) -> int:
     (row,) = through_index(
         conn,
         QUEUE,
-        "SELECT count(*) AS n FROM webhook_delivery WHERE destination_id = %s"
+        "SELECT count(*) AS n FROM webhook_delivery_all WHERE destination_id = %s"
         " AND queued IS NOT FALSE AND state <> 'succeeded' AND closed_reason IS NULL",
         (destination_id,),
     )
@@ -65,7 +65,7 @@ def test_a_delivery_is_queued_only_where_its_destination_orders_or_coalesces(con
 
     assert _queued(conn) == {"plain": False, "ordered": True, "latest": True}
     counts = conn.execute(
-        "SELECT destination_id, count(*) AS n FROM webhook_delivery GROUP BY 1"
+        "SELECT destination_id, count(*) AS n FROM webhook_delivery_all GROUP BY 1"
     ).fetchall()
     assert {r["destination_id"]: r["n"] for r in counts} == {"plain": 4, "ordered": 4, "latest": 4}
     assert {d: _in_queue_index(conn, d) for d in ("plain", "ordered", "latest")} == {
@@ -90,13 +90,13 @@ def test_a_destination_that_starts_to_queue_queues_its_open_backlog(conn, settin
             ", lease_token = gen_random_uuid(), lease_until = now()" if state == "leased" else ""
         )
         conn.execute(
-            f"UPDATE webhook_delivery SET state = %s{closed}{lease} WHERE delivery_id = %s",
+            f"UPDATE webhook_delivery_all SET state = %s{closed}{lease} WHERE delivery_id = %s",
             (state, f"d-{n}"),
         )
     assert _queued(conn) == {"pub": False}
 
     _upsert(conn, settings, "pub", **{option: "asset"})
-    rows = conn.execute("SELECT delivery_id, queued FROM webhook_delivery").fetchall()
+    rows = conn.execute("SELECT delivery_id, queued FROM webhook_delivery_all").fetchall()
     assert {r["delivery_id"]: r["queued"] for r in rows} == {
         "d-0": True,
         "d-1": True,
@@ -194,19 +194,19 @@ def test_a_destination_starting_to_order_makes_an_emit_wait_then_read_it_ordered
             operator.commit()
         producer.commit()
     assert _queued(conn) == {"pub": True}
-    assert conn.execute("SELECT count(*) AS n FROM webhook_delivery").fetchone()["n"] == 1
+    assert conn.execute("SELECT count(*) AS n FROM webhook_delivery_all").fetchone()["n"] == 1
 
 
 def test_the_previous_releases_deliveries_count_as_queued(conn):
     """Rows written without the column (the previous release's emits: NULL) are in the queue,
     so an ordered destination's rule sees them."""
     add_destination(conn, "pub", ordering="asset")
-    add_deliveries(conn, "pub", 2, asset_id="film")
+    add_deliveries(conn, "pub", 2, asset_id="film", previous_release=True)
     assert _queued(conn) == {"pub": None}
     assert _in_queue_index(conn, "pub") == 2
     emit(conn, Event("pub", "film", "rights.updated", {}, delivery_id="next"))
     (row,) = conn.execute(
-        "SELECT next_attempt_at >= timestamptz '9999-01-01' AS parked FROM webhook_delivery"
+        "SELECT next_attempt_at >= timestamptz '9999-01-01' AS parked FROM webhook_delivery_all"
         " WHERE delivery_id = 'next'"
     ).fetchall()
     assert row["parked"], "held behind the earlier ones, so born parked"

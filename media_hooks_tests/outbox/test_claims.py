@@ -76,8 +76,10 @@ def test_dead_succeeded_disabled_and_paused_are_not_claimed(conn):
         "UPDATE webhook_destination SET paused_until = now() + interval '1 hour' WHERE destination_id = 'paused'"
     )
     dead, done = add_deliveries(conn, "cdn", 2)
-    conn.execute("UPDATE webhook_delivery SET state = 'dead' WHERE delivery_id = %s", (dead,))
-    conn.execute("UPDATE webhook_delivery SET state = 'succeeded' WHERE delivery_id = %s", (done,))
+    conn.execute("UPDATE webhook_delivery_all SET state = 'dead' WHERE delivery_id = %s", (dead,))
+    conn.execute(
+        "UPDATE webhook_delivery_all SET state = 'succeeded' WHERE delivery_id = %s", (done,)
+    )
     add_deliveries(conn, "off", 3)
     add_deliveries(conn, "paused", 3)
 
@@ -95,7 +97,7 @@ def test_a_retried_delivery_gets_a_new_outbox_row_and_keeps_its_id(conn):
     claim_all(conn, "run-1", Cohort())
     # The first dispatch failed and was scheduled again (as record_classified_outcomes does).
     conn.execute(
-        "UPDATE webhook_delivery SET state = 'pending', next_attempt_at = now() WHERE delivery_id = %s",
+        "UPDATE webhook_delivery_all SET state = 'pending', next_attempt_at = now() WHERE delivery_id = %s",
         (delivery_id,),
     )
 

@@ -33,7 +33,7 @@ def _emit(conn, revision: int, event_type: str = "rights.updated", asset: str = 
 
 def _row(conn, delivery_id: str) -> dict:
     return conn.execute(
-        "SELECT state, closed_reason, closed_by FROM webhook_delivery WHERE delivery_id = %s",
+        "SELECT state, closed_reason, closed_by FROM webhook_delivery_all WHERE delivery_id = %s",
         (delivery_id,),
     ).fetchone()
 
@@ -71,7 +71,7 @@ def test_a_newer_revision_waits_while_an_older_one_is_in_flight_then_supersedes_
     assert _row(conn, r2)["state"] == "pending", "held while revision 1 is in flight"
     assert "held behind" in inspect_delivery(conn, r2).verdict.text
 
-    conn.execute("UPDATE webhook_delivery SET state = 'pending' WHERE delivery_id = %s", (r1,))
+    conn.execute("UPDATE webhook_delivery_all SET state = 'pending' WHERE delivery_id = %s", (r1,))
     assert sweeps.sweep_superseded(conn) == 1
     assert _row(conn, r1)["closed_by"] == r2
     claim_all(conn, "run-3", Cohort())

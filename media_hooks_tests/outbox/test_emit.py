@@ -43,7 +43,7 @@ def destination(conn) -> str:
 
 def _deliveries(conn) -> list[dict]:
     return conn.execute(
-        "SELECT * FROM webhook_delivery ORDER BY created_at, delivery_id"
+        "SELECT * FROM webhook_delivery_all ORDER BY created_at, delivery_id"
     ).fetchall()
 
 

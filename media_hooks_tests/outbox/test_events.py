@@ -44,7 +44,7 @@ def subscribers(conn, settings) -> None:
 def _deliveries(conn, event_id: str | None = None) -> list[dict]:
     return conn.execute(
         "SELECT delivery_id, destination_id, asset_id, event_type, payload, body, emit_seq "
-        "FROM webhook_delivery ORDER BY destination_id, emit_seq"
+        "FROM webhook_delivery_all ORDER BY destination_id, emit_seq"
     ).fetchall()
 
 
@@ -138,13 +138,15 @@ def test_single_emits_are_numbered_in_emission_order(conn, settings):
     with conn.transaction():
         for n in range(3):
             emit(conn, Event("pub", "a1", "rights.updated", {"revision": n}))
-    rows = conn.execute("SELECT payload, emit_seq FROM webhook_delivery ORDER BY emit_seq")
+    rows = conn.execute("SELECT payload, emit_seq FROM webhook_delivery_all ORDER BY emit_seq")
     assert [r["payload"]["revision"] for r in rows] == [0, 1, 2]
 
 
 def test_inspect_an_event_lists_its_deliveries_and_their_verdicts(conn, subscribers):
     emit_event(conn, _rights(1))
-    conn.execute("UPDATE webhook_delivery SET state = 'succeeded' WHERE destination_id = 'rights'")
+    conn.execute(
+        "UPDATE webhook_delivery_all SET state = 'succeeded' WHERE destination_id = 'rights'"
+    )
     story = inspect_event(conn, "ev-1")
     verdicts = {s.delivery["destination_id"]: s.verdict.kind for s in story.deliveries}
     assert verdicts == {"everything": "due", "idle": "waiting", "rights": "succeeded"}

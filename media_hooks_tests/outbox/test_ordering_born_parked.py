@@ -42,7 +42,7 @@ def _emit(conn, destination_id: str, asset_id: str, revision: int) -> str:
 def _parked(conn, *delivery_ids: str) -> list[bool]:
     rows = conn.execute(
         "SELECT delivery_id, next_attempt_at >= timestamptz '9999-01-01 00:00:00+00' AS parked "
-        "FROM webhook_delivery WHERE delivery_id = ANY (%s)",
+        "FROM webhook_delivery_all WHERE delivery_id = ANY (%s)",
         (list(delivery_ids),),
     ).fetchall()
     parked = {r["delivery_id"]: r["parked"] for r in rows}
@@ -137,7 +137,7 @@ def test_several_revisions_in_one_file_only_the_first_of_each_asset_is_due(conn)
     rows = conn.execute(
         "SELECT destination_id, asset_id, payload->>'revision' AS revision, "
         "next_attempt_at >= timestamptz '9999-01-01 00:00:00+00' AS parked, wait_reason "
-        "FROM webhook_delivery ORDER BY emit_seq"
+        "FROM webhook_delivery_all ORDER BY emit_seq"
     ).fetchall()
     assert [(r["destination_id"], r["asset_id"], r["revision"], r["parked"]) for r in rows] == [
         ("ordered", "a1", "1", False),
@@ -154,7 +154,7 @@ def test_several_revisions_in_one_file_only_the_first_of_each_asset_is_due(conn)
     emit_many(conn, [_revision("ordered", "a1", 4), _revision("ordered", "a3", 1)])
     later = conn.execute(
         "SELECT asset_id, next_attempt_at >= timestamptz '9999-01-01 00:00:00+00' AS parked "
-        "FROM webhook_delivery WHERE payload->>'revision' IN ('4') OR asset_id = 'a3' "
+        "FROM webhook_delivery_all WHERE payload->>'revision' IN ('4') OR asset_id = 'a3' "
         "ORDER BY asset_id"
     ).fetchall()
     assert [(r["asset_id"], r["parked"]) for r in later] == [("a1", True), ("a3", False)], (
@@ -171,7 +171,7 @@ def test_a_file_repeating_a_delivery_already_sent_does_not_hold_the_next(conn):
     counts = emit_many(conn, [_revision("ordered", "a1", 1), _revision("ordered", "a1", 2)])
     assert (counts.inserted, counts.already_present) == (1, 1)
     (second,) = conn.execute(
-        "SELECT delivery_id FROM webhook_delivery WHERE delivery_id <> %s", (first,)
+        "SELECT delivery_id FROM webhook_delivery_all WHERE delivery_id <> %s", (first,)
     ).fetchall()
     assert _parked(conn, second["delivery_id"]) == [False]
 
@@ -212,7 +212,7 @@ def test_a_delivery_emitted_behind_an_in_flight_head_is_parked_until_it_succeeds
     assert sweeps.run_sweeps(conn, settings).woken_heads == 0
     assert claimed(conn, "run-2") == set()
     conn.execute(
-        "UPDATE webhook_delivery SET state = 'succeeded', lease_token = NULL, lease_until = NULL "
+        "UPDATE webhook_delivery_all SET state = 'succeeded', lease_token = NULL, lease_until = NULL "
         "WHERE delivery_id = %s",
         (head,),
     )
@@ -265,7 +265,7 @@ def test_the_claim_rule_holds_the_rows_it_should(conn):
     ]
     for delivery_id, asset_id, seconds, emit_seq, state, event_type in rows:
         conn.execute(
-            "INSERT INTO webhook_delivery (delivery_id, destination_id, asset_id, event_type, "
+            "INSERT INTO webhook_delivery_all (delivery_id, destination_id, asset_id, event_type, "
             "payload, body, state, created_at, emit_seq) VALUES (%s, 'd', %s, %s, '{}', '', "
             "%s, %s::timestamptz + %s, %s)",
             (delivery_id, asset_id, event_type, state, base, timedelta(seconds=seconds), emit_seq),
@@ -278,7 +278,7 @@ def test_the_claim_rule_holds_the_rows_it_should(conn):
     for (ordering, coalescing), expected in free.items():
         rows = conn.execute(
             """
-            SELECT d.delivery_id FROM webhook_delivery AS d
+            SELECT d.delivery_id FROM webhook_delivery_all AS d
             WHERE NOT EXISTS (SELECT FROM media_hooks_held_by_v2(
                 %(o)s, %(c)s, d.destination_id, d.asset_id, d.event_type,
                 d.created_at, d.emit_seq, d.delivery_id))
@@ -310,7 +310,7 @@ def test_a_delivery_recorded_due_behind_a_dead_head_is_not_work_for_a_run(conn):
     add_destination(conn, "ordered", ordering="asset")
     head, second = (_emit(conn, "ordered", "a1", n) for n in (1, 2))
     conn.execute(
-        "UPDATE webhook_delivery SET next_attempt_at = now() - interval '1 minute' "
+        "UPDATE webhook_delivery_all SET next_attempt_at = now() - interval '1 minute' "
         "WHERE delivery_id = %s",
         (second,),
     )

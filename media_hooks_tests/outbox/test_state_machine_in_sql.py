@@ -16,22 +16,25 @@ from __future__ import annotations
 
 import math
 import random
-from pathlib import Path
+from collections.abc import Iterator
 
 import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from media_hooks.core import backoff
 from media_hooks.outbox import leases
 from media_hooks.outbox.cohort import Cohort
-from media_hooks.outbox.leases import Lease, Message
+from media_hooks.outbox.leases import Classified, Lease, Message
+from media_hooks.store import migrations
 from media_hooks_tests.factories import (
     ROOMY,
     add_deliveries,
     add_destination,
+    add_dispatches,
     answer,
     claim_all,
     delivery,
@@ -60,7 +63,7 @@ def _leased(conn, count: int = 1, **limits) -> list[Lease]:
 
 def _due_in(conn, delivery_id: str) -> float:
     return conn.execute(
-        "SELECT extract(epoch FROM next_attempt_at - now()) AS s FROM webhook_delivery "
+        "SELECT extract(epoch FROM next_attempt_at - now()) AS s FROM webhook_delivery_all "
         "WHERE delivery_id = %s",
         (delivery_id,),
     ).fetchone()["s"]
@@ -87,7 +90,7 @@ def test_terminal_answers_end_the_delivery(conn, outcome, status, state):
     row = delivery(conn, lease.delivery_id)
     assert (row["state"], row["lease_token"], row["wait_reason"]) == (state, None, None)
     attempt = conn.execute(
-        "SELECT outcome, http_status, finished_at FROM delivery_attempt"
+        "SELECT outcome, http_status, finished_at FROM delivery_attempt_all"
     ).fetchone()
     assert (attempt["outcome"], attempt["http_status"]) == (outcome, status)
     assert attempt["finished_at"] is not None
@@ -104,7 +107,9 @@ def test_a_failure_is_retried_after_the_jittered_backoff_of_its_attempts(conn, o
     assert row["budget_used"] == 1
     assert row["wait_reason"].startswith("backoff ")
     assert row["wait_reason"].endswith(f" s after attempt 1 ({outcome})")
-    attempt = conn.execute("SELECT next_attempt_at, retry_reason FROM delivery_attempt").fetchone()
+    attempt = conn.execute(
+        "SELECT next_attempt_at, retry_reason FROM delivery_attempt_all"
+    ).fetchone()
     assert attempt["next_attempt_at"] == row["next_attempt_at"]
     assert attempt["retry_reason"] == row["wait_reason"]
 
@@ -116,11 +121,11 @@ def test_the_backoff_doubles_with_each_failed_attempt_up_to_the_cap(conn):
         (lease,) = lease_all(conn, "run-1", [message])
         leases.record_classified(conn, [answer(lease, "retryable", 503)])
         assert low - 1 <= _due_in(conn, message.delivery_id) <= high
-        conn.execute("UPDATE webhook_delivery SET next_attempt_at = now()")
+        conn.execute("UPDATE webhook_delivery_all SET next_attempt_at = now()")
         claim_all(conn, "run-1", Cohort())
         (message,) = [
             Message(r["current_message_id"], r["delivery_id"])
-            for r in conn.execute("SELECT * FROM webhook_delivery").fetchall()
+            for r in conn.execute("SELECT * FROM webhook_delivery_all").fetchall()
         ]
 
 
@@ -237,7 +242,9 @@ def test_the_retry_budget_ends_in_dead_but_rate_limits_do_not_spend_it(conn):
         (lease,) = lease_all(conn, "run-1", [message])
         classified = answer(lease, outcome, status, retry_after=0 if status == 429 else None)
         assert leases.record_classified(conn, [classified]).states == {message.delivery_id: state}
-        conn.execute("UPDATE webhook_delivery SET next_attempt_at = now() WHERE state = 'pending'")
+        conn.execute(
+            "UPDATE webhook_delivery_all SET next_attempt_at = now() WHERE state = 'pending'"
+        )
     row = delivery(conn, message.delivery_id)
     assert (row["attempt_count"], row["wait_reason"]) == (
         5,
@@ -247,7 +254,7 @@ def test_the_retry_budget_ends_in_dead_but_rate_limits_do_not_spend_it(conn):
 
 def test_the_maximum_age_ends_even_a_rate_limited_delivery(conn):
     (lease,) = _leased(conn, max_age_seconds=60)
-    conn.execute("UPDATE webhook_delivery SET budget_started_at = now() - interval '2 minutes'")
+    conn.execute("UPDATE webhook_delivery_all SET budget_started_at = now() - interval '2 minutes'")
     recorded = leases.record_classified(conn, [answer(lease, "rate_limited", 429, retry_after=5)])
     assert recorded.states == {lease.delivery_id: "dead"}
     assert delivery(conn, lease.delivery_id)["wait_reason"].startswith(
@@ -260,7 +267,7 @@ def test_a_late_worker_records_nothing_but_its_answer_still_pauses(conn):
     got is still the receiver's word about the destination."""
     (message,) = _dispatch(conn)
     (late,) = lease_all(conn, "run-1", [message])
-    conn.execute("UPDATE webhook_delivery SET lease_until = now() - interval '1 second'")
+    conn.execute("UPDATE webhook_delivery_all SET lease_until = now() - interval '1 second'")
     (current,) = lease_all(conn, "run-2", [message])
     recorded = leases.record_classified(conn, [answer(late, "rate_limited", 429, retry_after=30)])
     assert recorded.states == {}
@@ -367,10 +374,10 @@ def test_the_record_schedules_retries_uniformly_over_the_jitter_band(conn, attem
     than 0.4 d), like backoff.py's draws."""
     count = 400
     taken = _leased(conn, count, backoff_base_seconds=base, backoff_cap_seconds=cap)
-    conn.execute("UPDATE webhook_delivery SET budget_used = %s", (attempt,))
+    conn.execute("UPDATE webhook_delivery_all SET budget_used = %s", (attempt,))
     conn.execute("SELECT setseed(0.33)")
     leases.record_classified(conn, [answer(lease, "retryable", 500) for lease in taken])
-    rows = conn.execute("SELECT next_attempt_at, updated_at FROM webhook_delivery").fetchall()
+    rows = conn.execute("SELECT next_attempt_at, updated_at FROM webhook_delivery_all").fetchall()
     # One statement: every row's now() is its updated_at, so the waits are exact differences.
     (stamp,) = {r["updated_at"] for r in rows}
     waits = [(r["next_attempt_at"] - stamp).total_seconds() for r in rows]
@@ -392,76 +399,94 @@ def test_a_skewed_schedule_would_be_caught(conn):
     assert _ks_uniform(skewed, 8, 12) >= KS_C / math.sqrt(400)
 
 
-# The previous release on this schema ----------------------------------------------------------
+# The previous release beside this one -------------------------------------------------------
 
+# The previous release's recording statement (record_classified_outcomes before migration
+# 0034), as its workers run it while an upgrade rolls out.
 PREVIOUS_RECORDING = (
-    Path(__file__).parent / "fixtures" / "record_outcomes.523df3d.sql"
-).read_text()
+    "SELECT delivery_id, state, stopped FROM media_hooks_record_outcomes_v1(%(outcomes)s::jsonb)"
+)
 PREVIOUS_RELEASE = {
-    # case: (answer, the previous release's delay and reason as its worker chose them)
-    "success": (("success", 200, None), (0.0, None)),
-    "rejected": (("rejected", 400, None), (0.0, None)),
-    "retry-after": (("rate_limited", 429, 120.0), (120.0, "Retry-After 120 s (HTTP 429)")),
-    "bare-429": (
-        ("rate_limited", 429, None),
-        (5.0, "rate limited (HTTP 429, no Retry-After): 5 s"),
-    ),
+    # case: (answer, the reason both releases give the delivery's wait)
+    "success": (("success", 200, None), None),
+    "rejected": (("rejected", 400, None), None),
+    "retry-after": (("rate_limited", 429, 120.0), "Retry-After 120 s (HTTP 429)"),
+    "bare-429": (("rate_limited", 429, None), "rate limited (HTTP 429, no Retry-After): 5 s"),
 }
 
 
-def _record_as_previous_release(
-    conn, lease: Lease, outcome: str, status: int, error: str | None, delay: float, reason
-) -> None:
-    """The previous release's worker recording one outcome, its delay chosen by the worker."""
+@pytest.fixture
+def overlap(empty_database_url: str) -> Iterator[psycopg.Connection]:
+    """The schema both releases run on while an upgrade rolls out: up to the expand (0034),
+    before the contract migration (0035) puts both layouts under the contract's names."""
+    with psycopg.connect(empty_database_url, autocommit=True, row_factory=dict_row) as conn:
+        migrations.migrate(conn, up_to=34)
+        yield conn
+
+
+def _record_as_previous_release(conn, classified: Classified) -> None:
+    """The previous release's worker recording one outcome: the document it sends."""
     document = {
-        "delivery_id": lease.delivery_id,
-        "lease_token": str(lease.lease_token),
-        "outcome": outcome,
-        "http_status": status,
-        "error": error,
-        "excerpt": None,
-        "delay": delay,
-        "delay_reason": reason,
+        "delivery_id": classified.lease.delivery_id,
+        "lease_token": str(classified.lease.lease_token),
+        "outcome": classified.outcome,
+        "http_status": classified.http_status,
+        "retry_after": classified.retry_after_seconds,
+        "error": classified.error,
+        "excerpt": classified.response_excerpt,
         "finished_ago": 0.0,
-        "spare": False,
+        "attempted": classified.attempted,
+        "configuration_fault": classified.configuration_fault,
     }
     conn.execute(PREVIOUS_RECORDING, {"outcomes": Jsonb([document])})
 
 
 @pytest.mark.parametrize("case", sorted(PREVIOUS_RELEASE))
-def test_this_release_records_as_the_previous_release_did(conn, case):
+def test_this_release_records_as_the_previous_release_did(overlap, case):
     """Workers of both releases run side by side during an upgrade: from the same leased
-    state, the previous release's statement (record_outcomes, fed the delay its worker chose)
-    and this release's (the database choosing it) leave the same delivery and attempt rows."""
-    (outcome, status, retry_after), (delay, reason) = PREVIOUS_RELEASE[case]
-    (lease,) = _leased(conn)
+    state, the previous release's recording (media_hooks_record_outcomes_v1) of its own
+    layout's delivery and this release's (media_hooks_record_outcomes_v2) of this layout's
+    decide the same delivery and attempt, as every reader sees them (webhook_delivery_all,
+    delivery_attempt_all)."""
+    conn = overlap
+    (outcome, status, retry_after), reason = PREVIOUS_RELEASE[case]
+    add_destination(conn, "cdn", **ROOMY)
+    (previous_id,) = add_deliveries(conn, "cdn", 1, state="enqueued", previous_release=True)
+    add_dispatches(conn, [previous_id], run_id="run-1", previous_release=True)
+    add_deliveries(conn, "cdn", 1)
+    claim_all(conn, "run-1", Cohort())
+    messages = [
+        Message(r["message_id"], r["delivery_id"])
+        for r in conn.execute("SELECT message_id, delivery_id FROM dispatch_outbox").fetchall()
+    ]
+    taken = {lease.delivery_id: lease for lease in lease_all(conn, "run-1", messages)}
+    previous = taken.pop(previous_id)
+    (current,) = taken.values()
 
-    def after(record) -> dict:
+    def after(record, lease: Lease) -> dict:
         with conn.transaction(force_rollback=True):
-            record()
+            record(conn, answer(lease, outcome, status, retry_after=retry_after))
             row = delivery(conn, lease.delivery_id)
-            attempt = conn.execute("SELECT * FROM delivery_attempt").fetchone()
+            attempt = conn.execute(
+                "SELECT * FROM delivery_attempt_all WHERE delivery_id = %s", (lease.delivery_id,)
+            ).fetchone()
             due = _due_in(conn, lease.delivery_id) if row["state"] == "pending" else None
             kept = ("state", "budget_used", "last_outcome", "last_error", "wait_reason")
             return {
                 "delivery": {k: row[k] for k in (*kept, "lease_token")},
                 "attempt": {
-                    k: attempt[k] for k in ("outcome", "http_status", "error", "retry_reason")
+                    k: attempt[k]
+                    for k in ("attempt_no", "outcome", "http_status", "error", "retry_reason")
                 },
+                "ended": attempt["finished_at"] is not None,
                 "due": due,
             }
 
-    error = None if outcome == "success" else f"HTTP {status}"
-    previous = after(
-        lambda: _record_as_previous_release(conn, lease, outcome, status, error, delay, reason)
-    )
-    current = after(
-        lambda: leases.record_classified(
-            conn, [answer(lease, outcome, status, retry_after=retry_after)]
-        )
-    )
-    assert {k: v for k, v in current.items() if k != "due"} == {
-        k: v for k, v in previous.items() if k != "due"
+    before = after(_record_as_previous_release, previous)
+    now = after(lambda c, classified: leases.record_classified(c, [classified]), current)
+    assert before["delivery"]["wait_reason"] == reason and before["ended"]
+    assert {k: v for k, v in now.items() if k != "due"} == {
+        k: v for k, v in before.items() if k != "due"
     }
-    if previous["due"] is not None:
-        assert current["due"] == pytest.approx(previous["due"], abs=1)
+    if before["due"] is not None:
+        assert now["due"] == pytest.approx(before["due"], abs=1)

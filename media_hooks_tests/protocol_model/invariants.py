@@ -18,7 +18,7 @@ LIMITER_SLACK = 1e-6
 def rows(conn: psycopg.Connection) -> dict[str, Row]:
     found = conn.execute(
         "SELECT delivery_id, destination_id, asset_id, event_type, state, closed_reason, "
-        "emit_seq, created_at FROM webhook_delivery"
+        "emit_seq, created_at FROM webhook_delivery_all"
     ).fetchall()
     return {r["delivery_id"]: Row(**r) for r in found}
 

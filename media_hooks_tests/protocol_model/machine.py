@@ -62,8 +62,9 @@ ANSWERS: dict[str, tuple[str, int | None, float | None, bool]] = {
 # Most answers are successes, as on a healthy publisher; every other answer stays as likely.
 ANSWER_CHOICES = ("2xx", "2xx", "2xx", *sorted(ANSWERS))
 TABLES = (
-    "webhook_delivery, delivery_identity, delivery_attempt, dispatch_outbox_v2, "
-    "delivery_tombstone_0003, destination_limiter, destination_subscription, "
+    "delivery_state, delivery_timer, delivery_body, delivery_history, delivery_attempt_v2, "
+    "dispatch_outbox_v3, webhook_delivery_v1, delivery_attempt_v1, dispatch_outbox_v2, "
+    "delivery_identity, delivery_tombstone_0003, destination_limiter, destination_subscription, "
     "webhook_destination, webhook_event, delivery_requeue, delivery_requeue_item"
 )
 
@@ -474,7 +475,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             return
         self._operate(
             lambda: self.operator.conn.execute(
-                "UPDATE webhook_delivery SET lease_until = now() - interval '1 second' "
+                "UPDATE webhook_delivery_all SET lease_until = now() - interval '1 second' "
                 "WHERE lease_token = ANY(%s::uuid[])",
                 (tokens,),
             ),
@@ -485,7 +486,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         self._begin("time_passes")
         self._operate(
             lambda: self.operator.conn.execute(
-                "UPDATE webhook_delivery SET next_attempt_at = next_attempt_at "
+                "UPDATE webhook_delivery_all SET next_attempt_at = next_attempt_at "
                 "- make_interval(secs => %s) WHERE state = 'pending'",
                 (seconds,),
             ),

@@ -12,6 +12,7 @@ import logging
 import threading
 
 import pytest
+from psycopg import sql
 
 from media_hooks.devtools.receiver import Receiver, Reply
 from media_hooks.engine.delivery_run import deliver_due
@@ -98,8 +99,9 @@ def test_a_worker_whose_outcome_meets_a_row_lock_retries_and_records_it(
         with in_background(lambda: deliver_due(pool, "run-1", _short(settings))) as run:
             try:
                 assert arrived.wait(10)
+                # The open delivery's row (a view over both layouts locks none of its rows).
                 operator.execute(
-                    "SELECT * FROM webhook_delivery WHERE delivery_id = 'd-cdn-1' FOR UPDATE"
+                    "SELECT * FROM delivery_state WHERE delivery_id = 'd-cdn-1' FOR UPDATE"
                 )
                 locked.set()
                 wait_for(
@@ -166,17 +168,27 @@ def run_with_deadline(action, timeout: float = 30.0):
     return box.get("result")
 
 
+# A dead letter is in history, or still in delivery_state where it holds its asset's queue;
+# the requeue locks it in either (a view over both layouts locks none of their rows).
+@pytest.mark.parametrize(
+    ("ordering", "table"), [("none", "delivery_history"), ("asset", "delivery_state")]
+)
 def test_an_operator_requeue_meeting_a_lock_is_retried_then_refused_in_one_line(
-    conn, settings, database_url
+    conn, settings, database_url, ordering, table
 ):
-    add_destination(conn, "cdn")
+    add_destination(conn, "cdn", ordering=ordering)
     add_deliveries(conn, "cdn", 2, state="dead")
     with (
         open_session(database_url) as other,
         db.connect(database_url, role=db.Role.OPERATOR, settings=_short(settings)) as operator,
     ):
         operator.autocommit = True
-        other.execute("SELECT * FROM webhook_delivery WHERE delivery_id = 'dead-cdn-1' FOR UPDATE")
+        locked = other.execute(
+            sql.SQL("SELECT 1 FROM {} WHERE delivery_id = 'dead-cdn-1' FOR UPDATE").format(
+                sql.Identifier(table)
+            )
+        ).fetchall()
+        assert len(locked) == 1, f"the dead letter is not in {table}: the lock would meet nothing"
         try:
             with pytest.raises(db.DatabaseBusy) as caught:
                 run_with_deadline(

@@ -2,16 +2,19 @@
 through it, nothing is lost or sent twice, and the rows written after it are written as the
 migration intends. (docs/upgrading.md: schema first, then workers.)
 
-The run started before a migration is this release's engine with the previous release's
-statements where they differ: the ones that write the outbox by its former table's name
-(fixtures/outbox_writes.03cabe3.sql, which this release's replaced with migration 0027), and
-the ones that read or write an asset's queue without the queued column of migration 0029
+The run started before a migration is the engine of the release before 0034 (its statements,
+fixtures/queries.31a39f9.sql, and this code, which differs from it only where it makes and
+measures partitions and moves deliveries between layouts), with the statements of the releases
+before it where they differ: the ones that write the outbox by its former table's name
+(fixtures/outbox_writes.03cabe3.sql, which migration 0027 replaced), and the ones that read or
+write an asset's queue without the queued column of migration 0029
 (fixtures/queue_reads.4740194.sql). `check` runs after, with this release's statements, on the
 schema brought up to date."""
 
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -25,21 +28,30 @@ import pytest
 from psycopg.rows import dict_row
 
 from media_hooks.core.errors import RuntimeFailure
-from media_hooks.devtools.receiver import Receiver, Reply
+from media_hooks.devtools.receiver import Receiver, Reply, RequestInfo
 from media_hooks.engine.delivery_run import deliver_due
 from media_hooks.observe import checks, figures
-from media_hooks.outbox import claims
+from media_hooks.outbox import claims, leases
+from media_hooks.outbox.cohort import Cohort
 from media_hooks.outbox.emit import Event, emit, emit_many
-from media_hooks.outbox.maintenance import retention
+from media_hooks.outbox.maintenance import partitions, retention, sweeps
 from media_hooks.store import db, migrations, sqlfiles
 from media_hooks.store.sqlfiles import query
-from media_hooks_tests.factories import add_deliveries, add_destination, add_dispatches
-from media_hooks_tests.interleaving import in_background, wait_for
+from media_hooks_tests.factories import (
+    ROOMY,
+    add_deliveries,
+    add_destination,
+    add_dispatches,
+    answer,
+)
+from media_hooks_tests.interleaving import in_background, open_session, wait_for, wait_until_gone
 from media_hooks_tests.plans import through_index
 
 COUNT = 600
 FIXTURES = Path(__file__).parent / "fixtures"
+RELEASE_0033 = sqlfiles.parse_queries((FIXTURES / "queries.31a39f9.sql").read_text())
 PREVIOUS_STATEMENTS = {
+    **RELEASE_0033,
     **sqlfiles.parse_queries((FIXTURES / "outbox_writes.03cabe3.sql").read_text()),
     **sqlfiles.parse_queries((FIXTURES / "queue_reads.4740194.sql").read_text()),
 }
@@ -59,13 +71,30 @@ def _claimed_then_published(claim):
 
 
 @contextmanager
+def release_0033(statements: dict[str, str] = RELEASE_0033) -> Iterator[None]:
+    """This process as the release before 0034 (``statements`` run by name): it had no
+    partitions to make or to measure and no previous layout to move."""
+    with (
+        mock.patch.dict(sqlfiles.queries(), statements),
+        # Its checks are those its statements name.
+        mock.patch.object(
+            checks, "CHECKS", tuple(c for c in checks.CHECKS if f"check_{c.name}" in statements)
+        ),
+        mock.patch.object(partitions, "make_ahead", lambda conn: 0),
+        mock.patch.object(partitions, "ahead_seconds", lambda conn: None),
+        mock.patch.object(sweeps, "convert_previous_pending", lambda conn: 0),
+    ):
+        yield
+
+
+@contextmanager
 def previous_release() -> Iterator[None]:
-    """Statements run by name are the previous release's where it wrote the outbox, or read or
-    wrote an asset's queue, otherwise; and pages are published after their claim, as its
-    engine did."""
+    """The release before 0034, with the statements of the releases before it where they
+    wrote the outbox, or read or wrote an asset's queue; and pages published after their
+    claim, as their engine did."""
     claim = claims.claim_destination_page
     with (
-        mock.patch.dict(sqlfiles.queries(), PREVIOUS_STATEMENTS),
+        release_0033(PREVIOUS_STATEMENTS),
         mock.patch.object(claims, "claim_destination_page", _claimed_then_published(claim)),
     ):
         yield
@@ -142,10 +171,13 @@ def _migrate_mid_run(conn: psycopg.Connection, url: str, settings, name: str) ->
 
 
 def _deliver_later(conn: psycopg.Connection, url: str, settings, count: int) -> tuple:
-    """After a migration: ``count`` more deliveries to cdn, delivered by this release's run
-    ``run-after`` to a receiver of its own; the run's result and the requests it got."""
+    """After a migration: ``count`` more deliveries to cdn, delivered to a receiver of its own
+    by the run ``run-after`` of the release before 0034 on the schema it needs (up to 0033),
+    the release that followed the migrations these tests are about; the run's result and the
+    requests it got."""
+    migrations.migrate(conn, up_to=_version("0033_dispatches_written_once.sql"))
     add_deliveries(conn, "cdn", count, prefix="later")
-    with Receiver() as receiver, db.open_pool(url, max_size=4) as pool:
+    with release_0033(), Receiver() as receiver, db.open_pool(url, max_size=4) as pool:
         conn.execute("UPDATE webhook_destination SET url = %s", (receiver.url,))
         return deliver_due(pool, "run-after", settings), receiver.requests
 
@@ -200,7 +232,9 @@ def test_the_counts_index_is_swapped_while_the_previous_release_delivers(
         assert "webhook_delivery_destination_state" not in indexes
         assert "webhook_delivery_succeeded_by_destination" in indexes
         counted = through_index(
-            conn, "webhook_delivery_succeeded_by_destination", query("figures_succeeded_counts")
+            conn,
+            "webhook_delivery_succeeded_by_destination",
+            RELEASE_0033["figures_succeeded_counts"],
         )
         assert counted == [{"key": "cdn", "state": "succeeded", "n": COUNT}]
         _holds_when_current(conn)
@@ -258,7 +292,6 @@ def test_the_outbox_stops_copying_bodies_while_the_previous_release_delivers(
         assert _count(conn, joined, not_its_body) == 0
         assert _count(conn, "dispatch_outbox", "published_at IS NULL") == 0
 
-        migrations.migrate(conn)  # this release runs on the schema up to date
         result, requests = _deliver_later(conn, empty_database_url, settings, 50)
         sent = {r.webhook_id: r.body for r in requests}
         assert result.totals.succeeded == 50
@@ -275,18 +308,19 @@ def test_the_outbox_stops_copying_bodies_while_the_previous_release_delivers(
                 query("purge_terminal_batch"), {"cutoff": later, "batch_size": 300}
             ).fetchone()
         assert (batch["deliveries"], batch["outbox_rows"]) == (300, 300)
-        rest = retention.purge_terminal(conn, later, batch_size=1000, max_batches=10)
+        with release_0033():
+            rest = retention.purge_terminal(conn, later, batch_size=1000, max_batches=10)
         assert (rest.deliveries, rest.outbox_rows) == (COUNT + 50 - 300, COUNT + 50 - 300)
         for table in ("dispatch_outbox_v1", "dispatch_outbox_v2", "webhook_delivery"):
             assert _count(conn, table) == 0, table
-        assert checks.run(conn).holds
+        _holds_when_current(conn)
 
 
 def test_a_dispatch_whose_body_is_not_its_deliverys_is_refused(conn):
     """What the previous release inserts into dispatch_outbox is kept without its body, which
     must then be its delivery's: another body is refused, and nothing is written."""
     add_destination(conn, "cdn", "http://127.0.0.1:9/")
-    (delivery_id,) = add_deliveries(conn, "cdn", 1)
+    (delivery_id,) = add_deliveries(conn, "cdn", 1, previous_release=True)
     insert = (
         "INSERT INTO dispatch_outbox (message_id, delivery_id, dispatch_no, destination_id,"
         " run_id, body) SELECT delivery_id || ':1', delivery_id, 1, destination_id, 'r', {}"
@@ -362,6 +396,7 @@ def test_tombstones_keep_refusing_repeats_while_0028_drops_their_index(empty_dat
         add_destination(conn, "cdn", "http://127.0.0.1:9/")
         ids = add_deliveries(conn, "cdn", total, state="succeeded")
         with (
+            release_0033(),
             psycopg.connect(empty_database_url, autocommit=True, row_factory=dict_row) as purger,
             in_background(
                 lambda: retention.purge_terminal(purger, later, batch_size=batch, max_batches=total)
@@ -406,10 +441,11 @@ def test_the_contract_migration_drops_what_only_the_previous_release_read_mid_ru
         due_at = _one(
             conn, "SELECT next_attempt_at FROM webhook_delivery WHERE delivery_id = %s", oldest
         )
-        measured = figures.measure(conn)
+        with release_0033():
+            measured = figures.measure(conn)
         assert measured.oldest_due_at == due_at
         assert measured.oldest_due_any_age_seconds == measured.oldest_due_age_seconds
-        assert checks.run(conn).holds
+        _holds_when_current(conn)
 
 
 def test_asset_queues_are_kept_where_they_are_read_while_the_previous_release_delivers(
@@ -506,12 +542,13 @@ def test_dispatches_are_found_by_their_message_ids_once_the_previous_release_has
         add_dispatches(conn, [f"d-cdn-{n}" for n in range(1, 11)])
         dispatches = _one(conn, "SELECT sum(dispatch_count)::int FROM webhook_delivery")
         assert dispatches >= COUNT + 10 and _count(conn, "dispatch_outbox") == dispatches
-        purged = conn.execute(
-            query("purge_terminal_batch"), {"cutoff": "infinity", "batch_size": COUNT}
-        ).fetchone()
-        assert (purged["deliveries"], purged["outbox_rows"]) == (COUNT, dispatches)
-        assert _count(conn, "dispatch_outbox") == 0
-        assert checks.run(conn, checks.Options(full=True)).holds
+        with release_0033():
+            purged = conn.execute(
+                query("purge_terminal_batch"), {"cutoff": "infinity", "batch_size": COUNT}
+            ).fetchone()
+            assert (purged["deliveries"], purged["outbox_rows"]) == (COUNT, dispatches)
+            assert _count(conn, "dispatch_outbox") == 0
+            assert checks.run(conn, checks.Options(full=True)).holds
 
 
 def test_a_dispatch_another_program_wrote_with_another_id_stops_0032_until_corrected(
@@ -574,4 +611,146 @@ def test_dispatches_fill_their_pages_once_the_previous_release_has_gone(
             """
         ).fetchall()
         assert used and all(r["bytes"] > 0.8 * 8192 for r in used), used
-        assert checks.run(conn).holds
+        _holds_when_current(conn)
+
+
+LEAN = "0034_lean_hot_path.sql"
+CONTRACT_NAMES = "0035_contract_names_read_both_layouts.sql"
+
+
+def _events(destination_id: str, prefix: str, count: int) -> list[Event]:
+    """``count`` events for ``destination_id``, deliveries ``<prefix>-<n>``."""
+    return [
+        Event(destination_id, f"asset-{n}", "transcode.completed", {"n": n}, f"{prefix}-{n}")
+        for n in range(1, count + 1)
+    ]
+
+
+def _refuses_every_tenth_run_delivery(info: RequestInfo) -> Reply:
+    """A receiver that refuses every tenth delivery of the run for good (they end dead) and
+    takes a moment over the others, so that the run is still delivering while 0034 applies."""
+    prefix, _, n = info.webhook_id.rpartition("-")
+    if prefix == "run" and int(n) % 10 == 0:
+        return Reply(status=400)
+    return Reply(delay_seconds=0.05)
+
+
+def test_every_delivery_is_kept_once_from_the_previous_release_into_the_lean_layout(
+    empty_database_url, settings
+):
+    """Issue 34, done when. The previous release's data, written by its own statements on the
+    schema up to 0033: deliveries pending, leased by a worker of it that is still connected,
+    then dead (refused), succeeded, with their attempts and dispatches, as its run delivers.
+    0034 applies while that run delivers (its claims, leases and records go on through the
+    contract's names, now views over its renamed tables, and its producers keep recording
+    there); its worker answers some of its leases after this release's sweeps moved its pending
+    deliveries into this release's layout, and this release's run delivers them. `db migrate`
+    leaves 0035 pending while that worker is connected and applies it once it has gone, ending
+    the leases it left (an ambiguous attempt each, due again: this release delivers them) and
+    its tokens with them (it comes back and records nothing). At the end every delivery is in
+    webhook_delivery once, in the state its answers made; every request was sent once, every
+    dispatch is in the outbox once, and `check --all` holds."""
+    url = empty_database_url
+    rejected = COUNT // 10
+    with (
+        psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn,
+        Receiver(script=_refuses_every_tenth_run_delivery) as receiver,
+        # A worker of the previous release, named as its sessions name themselves.
+        open_session(url, autocommit=True, application_name="media_hooks:worker:g33") as worker,
+    ):
+        migrations.migrate(conn, up_to=_version(LEAN) - 1)
+        add_destination(conn, "cdn", receiver.url, rate_per_second=500, burst=50, max_in_flight=8)
+        add_destination(conn, "other", receiver.url, **ROOMY)
+        emitted = _events("cdn", "run", COUNT) + _events("other", "old", 40)
+        with release_0033():
+            with conn.transaction():
+                emit_many(conn, emitted)
+            page = claims.claim_destination_page(worker, "run-held", "other", Cohort(), 12)
+            held = leases.lease_with_permits(
+                worker,
+                "run-held",
+                "other",
+                page,
+                holder="run-held",
+                lease_seconds=90.0,
+                release_slots=[],
+            ).leases
+            assert len(held) == 12
+            later = _events("other", "after", 20)
+            with db.open_pool(url, max_size=8) as pool:
+                deliver = partial(
+                    deliver_due,
+                    pool,
+                    "run-old",
+                    settings,
+                    Cohort(destination_ids=("cdn",)),
+                    page_size=25,
+                )
+                with in_background(deliver) as run:
+                    wait_for(lambda: len(receiver.requests) >= COUNT // 8, "a run under way", 60)
+                    assert migrations.migrate(conn, up_to=_version(LEAN)).applied == [LEAN]
+                    during = len(receiver.requests)
+                    with conn.transaction():
+                        assert emit_many(conn, later).inserted == len(later)
+                result = run.result()
+        emitted += later
+        assert during < COUNT, "0034 applied while the run still delivered"
+        assert (result.totals.succeeded, result.totals.dead) == (COUNT - rejected, rejected)
+        assert _count(conn, "webhook_delivery_v1") == len(emitted)
+
+        # This release's sweeps move every pending delivery of the previous layout, not the
+        # ones its worker holds.
+        sweeps.run_sweeps(conn, settings)
+        holding = {lease.delivery_id for lease in held}
+        pending = {e.delivery_id for e in emitted if e.destination_id == "other"} - holding
+        moved = conn.execute("SELECT delivery_id FROM delivery_state").fetchall()
+        assert {r["delivery_id"] for r in moved} == pending
+        assert _count(conn, "webhook_delivery_v1", "state = 'pending'") == 0
+
+        answered, abandoned = held[:8], held[8:]
+        with release_0033():
+            recorded = leases.record_classified(
+                worker,
+                [answer(lease, "success", 200) for lease in answered[:4]]
+                + [answer(lease, "retryable", 503) for lease in answered[4:]],
+            )
+        assert sorted(recorded.states.values()) == ["pending"] * 4 + ["succeeded"] * 4
+        with db.open_pool(url, max_size=4) as pool:
+            assert deliver_due(pool, "run-new", settings).totals.succeeded == len(pending)
+
+        waiting = migrations.migrate(conn)
+        assert (waiting.applied, waiting.deferred) == ([], [CONTRACT_NAMES])
+        assert waiting.waiting_for == "worker 1 (g33)"
+        pid = worker.info.backend_pid
+        worker.close()
+        wait_until_gone(conn, pid)
+        assert migrations.migrate(conn).applied == [CONTRACT_NAMES]
+        # A worker of it that comes back can record nothing: the contract's names no longer
+        # take its writes.
+        with release_0033(), pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
+            leases.record_classified(conn, [answer(lease, "success", 200) for lease in abandoned])
+        with db.open_pool(url, max_size=4) as pool:
+            assert deliver_due(pool, "run-last", settings).totals.succeeded == len(abandoned)
+
+        rows = conn.execute("SELECT delivery_id, state FROM webhook_delivery").fetchall()
+        assert sorted(r["delivery_id"] for r in rows) == sorted(e.delivery_id for e in emitted)
+        assert Counter(r["state"] for r in rows) == {
+            "succeeded": len(emitted) - rejected - 4,
+            "dead": rejected,
+            "pending": 4,  # the worker's retryable answers, due after their backoff
+        }
+        assert (
+            _count(conn, "webhook_delivery_v1", "state IN ('pending', 'enqueued', 'leased')") == 0
+        )
+        # The previous release's worker answered without a request (the test answers for it).
+        answered_ids = {lease.delivery_id for lease in answered}
+        assert receiver.requests_by_id == {
+            e.delivery_id: 1 for e in emitted if e.delivery_id not in answered_ids
+        }
+        assert _count(conn, "delivery_attempt", "outcome = 'ambiguous'") == len(abandoned)
+        dispatches = _one(conn, "SELECT sum(dispatch_count)::int FROM webhook_delivery")
+        assert (
+            _one(conn, "SELECT count(DISTINCT message_id)::int FROM dispatch_outbox") == dispatches
+        )
+        assert _count(conn, "dispatch_outbox") == dispatches
+        assert checks.run(conn, checks.Options(full=True)).holds

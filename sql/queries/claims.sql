@@ -12,28 +12,32 @@ SELECT EXISTS (SELECT 1 FROM dispatch_outbox WHERE run_id = %(run_id)s) AS dispa
 --   (autovacuum may be slow or off), and then the planner guesses: it read a destination's due
 --   rows by the wrong index and sorted them, or every destination's, before the first one.
 --   The statements that run after it (due_destinations, claim_destination_page) each have a plan
---   by webhook_delivery_due_by_destination in order, which these settings leave the cheapest.
---   A disabled node a plan still needs is priced at 1e10, past every JIT threshold: on a
---   server built with JIT such a claim would compile for seconds what runs in a millisecond
---   (as the check's statements did), so JIT is off with them.
+--   by delivery_timer_due in order, which these settings leave the cheapest.
+--   A disabled node is priced at 1e10, past every JIT threshold: on a server built with JIT
+--   each claim would compile for seconds what runs in a millisecond, so JIT is off with them.
+--   Each plan is made for its parameters: the driver prepares a statement run five times, and
+--   the server's generic plan of the claim, which cannot see the destination or the page size,
+--   read a 100,000-row backlog for 7.4 s a page of 1,000 (20 ms planned for them).
 SELECT set_config('enable_seqscan', 'off', true), set_config('enable_sort', 'off', true),
-       set_config('jit', 'off', true);
+       set_config('jit', 'off', true), set_config('plan_cache_mode', 'force_custom_plan', true);
 
 -- name: due_destinations
 -- description: The destinations of a cohort that have due pending deliveries and may be sent
 --   to now (enabled, not paused): the ones a delivery run serves. One probe of
---   webhook_delivery_due_by_destination per destination (migration 0010), after plan_by_index.
+--   delivery_timer_due per destination (migration 0034), after plan_by_index.
 SELECT w.destination_id
 FROM webhook_destination AS w
 CROSS JOIN LATERAL (
     SELECT 1
-    FROM webhook_delivery AS d
-    WHERE d.destination_id = w.destination_id
-      AND d.state = 'pending'
-      AND d.next_attempt_at <= now()
-      AND media_hooks_in_cohort(d, %(destination_ids)s, %(event_types)s, %(asset_ids)s,
-                                %(created_after)s, %(created_before)s)
-    ORDER BY d.next_attempt_at, d.delivery_id
+    FROM delivery_timer AS t
+    JOIN delivery_state AS d ON d.delivery_id = t.delivery_id
+    WHERE t.destination_id = w.destination_id
+      AND t.kind = 'due'
+      AND t.fire_at <= now()
+      AND media_hooks_in_cohort_v2(d.destination_id, d.event_type, d.asset_id, d.created_at,
+                                   %(destination_ids)s, %(event_types)s, %(asset_ids)s,
+                                   %(created_after)s, %(created_before)s)
+    ORDER BY t.fire_at, t.delivery_id
     LIMIT 1
 ) AS first_due
 WHERE w.enabled
@@ -51,19 +55,21 @@ ORDER BY w.destination_id;
 --   a sweep can always find it again), invariant 1 (the message is per dispatch; the receiver's
 --   key stays delivery_id), invariant 7 (one bounded page). SKIP LOCKED lets runs at once
 --   divide the rows; a disabled or paused destination keeps its rows pending. The plan reads
---   webhook_delivery_due_by_destination in order (migration 0010): no sort, no scan of other
+--   delivery_timer_due in order (migration 0034): no sort, no scan of other
 --   destinations' rows, whatever the statistics (after plan_by_index, in the same
 --   transaction). A per-row eligibility rule is one more condition in the WHERE of `due`.
 --   invariant 10: on an ordered destination only the head of an asset's queue is claimed
 --   (media_hooks_held_by_v2 returns no row for it).
 WITH due AS (
-    SELECT d.delivery_id
-    FROM webhook_delivery AS d
-    WHERE d.destination_id = %(destination_id)s
-      AND d.state = 'pending'
-      AND d.next_attempt_at <= now()
-      AND media_hooks_in_cohort(d, %(destination_ids)s, %(event_types)s, %(asset_ids)s,
-                                %(created_after)s, %(created_before)s)
+    SELECT t.delivery_id
+    FROM delivery_timer AS t
+    JOIN delivery_state AS d ON d.delivery_id = t.delivery_id
+    WHERE t.destination_id = %(destination_id)s
+      AND t.kind = 'due'
+      AND t.fire_at <= now()
+      AND media_hooks_in_cohort_v2(d.destination_id, d.event_type, d.asset_id, d.created_at,
+                                   %(destination_ids)s, %(event_types)s, %(asset_ids)s,
+                                   %(created_after)s, %(created_before)s)
       AND EXISTS (
           SELECT 1
           FROM webhook_destination AS w
@@ -77,12 +83,20 @@ WITH due AS (
                                                    d.asset_id, d.event_type, d.created_at,
                                                    d.emit_seq, d.delivery_id))
       )
-    ORDER BY d.next_attempt_at, d.delivery_id
+    ORDER BY t.fire_at, t.delivery_id
     LIMIT %(page_size)s
-    FOR UPDATE OF d SKIP LOCKED
+    FOR UPDATE OF t SKIP LOCKED
 ),
+-- In flight from now: the sweeps look at it again if its run leaves it (stale enqueue,
+-- expired lease).
+timed AS (
+    UPDATE delivery_timer AS t
+    SET kind = 'inflight', fire_at = now()
+    WHERE t.delivery_id = ANY (ARRAY(SELECT delivery_id FROM due))
+),
+-- Heap-only: no index of delivery_state names a column this changes.
 enqueued AS (
-    UPDATE webhook_delivery AS d
+    UPDATE delivery_state AS d
     SET state = 'enqueued',
         dispatch_count = d.dispatch_count + 1,
         current_message_id = d.delivery_id || ':' || (d.dispatch_count + 1),
@@ -90,14 +104,16 @@ enqueued AS (
         updated_at = now()
     -- = ANY(ARRAY(...)) keeps this a primary-key index scan (a join on the CTE may not).
     WHERE d.delivery_id = ANY (ARRAY(SELECT delivery_id FROM due))
-    RETURNING d.delivery_id, d.destination_id, d.dispatch_count, d.current_message_id
+      AND d.state = 'pending'
+    RETURNING d.delivery_id, d.destination_id, d.dispatch_count, d.current_message_id,
+              d.created_at
 )
--- The outbox's table of this release (migration 0027): the dispatch without a copy of its
--- body, which dispatch_outbox shows from the delivery (invariant 2). Published as it is
--- written: the worker that claims a page is the one that sends it, so the claim is the hand-over
--- (the row is written once; a separate publication was an update of every dispatch).
-INSERT INTO dispatch_outbox_v2
-    (message_id, delivery_id, dispatch_no, destination_id, run_id, published_at)
-SELECT current_message_id, delivery_id, dispatch_count, destination_id, %(run_id)s, now()
+-- The dispatch, written once and published: the worker that claims a page is the one that
+-- sends it, so the claim is the hand-over. Its body is its delivery's (dispatch_outbox).
+INSERT INTO dispatch_outbox_v3
+    (message_id, delivery_id, dispatch_no, destination_id, run_id, delivery_created_at,
+     published_at)
+SELECT current_message_id, delivery_id, dispatch_count, destination_id, %(run_id)s, created_at,
+       now()
 FROM enqueued
 RETURNING message_id, delivery_id;

@@ -9,11 +9,11 @@
 --   Operator requeue headers stay: they may name other deliveries too.
 WITH doomed AS (
     SELECT d.delivery_id, d.dispatch_count
-    FROM webhook_delivery AS d
+    FROM webhook_delivery_v1 AS d
     WHERE starts_with(d.destination_id, %(prefix)s)
 ),
 attempts AS (
-    DELETE FROM delivery_attempt AS a
+    DELETE FROM delivery_attempt_v1 AS a
     WHERE a.delivery_id IN (SELECT delivery_id FROM doomed)
 ),
 -- A delivery's dispatches by their message ids, the outbox's primary key (migration 0032).
@@ -27,19 +27,57 @@ outbox_v1 AS (
     DELETE FROM dispatch_outbox_v1 AS o
     WHERE o.delivery_id IN (SELECT delivery_id FROM doomed)
 ),
+-- This release's layout: the demo's deliveries are its destinations'.
+lean_attempts AS (
+    DELETE FROM delivery_attempt_v2 AS a
+    WHERE starts_with(a.destination_id, %(prefix)s)
+),
+lean_outbox AS (
+    DELETE FROM dispatch_outbox_v3 AS o
+    WHERE starts_with(o.destination_id, %(prefix)s)
+),
+lean_timers AS (
+    DELETE FROM delivery_timer AS t
+    WHERE starts_with(t.destination_id, %(prefix)s)
+),
+lean_state AS (
+    DELETE FROM delivery_state AS s
+    WHERE starts_with(s.destination_id, %(prefix)s)
+    RETURNING s.delivery_id, s.created_at
+),
+lean_history AS (
+    DELETE FROM delivery_history AS h
+    WHERE starts_with(h.destination_id, %(prefix)s)
+    RETURNING h.delivery_id, h.created_at
+),
+lean_bodies AS (
+    DELETE FROM delivery_body AS b
+    WHERE (b.delivery_id, b.created_at) IN (SELECT delivery_id, created_at FROM lean_state
+                                            UNION ALL
+                                            SELECT delivery_id, created_at FROM lean_history)
+),
 requeue_items AS (
     DELETE FROM delivery_requeue_item AS i
-    WHERE i.delivery_id IN (SELECT delivery_id FROM doomed)
+    WHERE i.delivery_id IN (SELECT delivery_id FROM doomed
+                            UNION ALL SELECT delivery_id FROM lean_state
+                            UNION ALL SELECT delivery_id FROM lean_history)
 ),
 identities AS (
     DELETE FROM delivery_identity AS t
     WHERE t.delivery_id IN (SELECT delivery_id FROM doomed)
        OR starts_with(t.destination_id, %(prefix)s)
 ),
-deliveries AS (
-    DELETE FROM webhook_delivery AS d
+deliveries_previous AS (
+    DELETE FROM webhook_delivery_v1 AS d
     WHERE d.delivery_id IN (SELECT delivery_id FROM doomed)
     RETURNING d.delivery_id
+),
+deliveries AS (
+    SELECT delivery_id FROM deliveries_previous
+    UNION ALL
+    SELECT delivery_id FROM lean_state
+    UNION ALL
+    SELECT delivery_id FROM lean_history
 ),
 destinations AS (
     DELETE FROM webhook_destination AS w
@@ -57,7 +95,7 @@ SELECT (SELECT count(*) FROM deliveries)::integer AS deliveries,
 WITH open AS (
     SELECT d.delivery_id, d.state, coalesce(d.last_outcome, 'none') AS last_outcome,
            greatest(d.next_attempt_at, coalesce(w.paused_until, d.next_attempt_at)) AS due_at
-    FROM webhook_delivery AS d
+    FROM webhook_delivery_all AS d
     JOIN webhook_destination AS w ON w.destination_id = d.destination_id
     WHERE d.destination_id = ANY (%(destination_ids)s)
       AND d.state NOT IN ('succeeded', 'dead')
@@ -91,7 +129,7 @@ WITH deliveries AS (
            count(*) FILTER (WHERE d.state = 'dead')::integer AS dead,
            count(*) FILTER (WHERE d.state NOT IN ('succeeded', 'dead'))::integer AS unfinished,
            count(*) FILTER (WHERE d.attempt_count > 1)::integer AS needed_retries
-    FROM webhook_delivery AS d
+    FROM webhook_delivery_all AS d
     WHERE d.destination_id = ANY (%(destination_ids)s)
     GROUP BY d.destination_id
 ),
@@ -105,13 +143,13 @@ attempts AS (
            extract(epoch FROM max(a.started_at) FILTER (WHERE a.attempt_no = 1)
                               - min(a.started_at) FILTER (WHERE a.attempt_no = 1))::double precision
                AS first_attempts_span_seconds
-    FROM delivery_attempt AS a
+    FROM delivery_attempt_all AS a
     WHERE a.destination_id = ANY (%(destination_ids)s)
     GROUP BY a.destination_id
 ),
 per_second AS (
     SELECT a.destination_id, count(*)::integer AS starts
-    FROM delivery_attempt AS a
+    FROM delivery_attempt_all AS a
     WHERE a.destination_id = ANY (%(destination_ids)s)
     GROUP BY a.destination_id, date_trunc('second', a.started_at)
 ),
@@ -145,13 +183,13 @@ ORDER BY w.rate_per_second DESC, w.destination_id;
 --   the chart's series.
 WITH origin AS (
     SELECT min(a.started_at) AS t0
-    FROM delivery_attempt AS a
+    FROM delivery_attempt_all AS a
     WHERE a.destination_id = ANY (%(destination_ids)s)
 )
 SELECT a.destination_id,
        floor(extract(epoch FROM a.started_at - origin.t0))::integer AS second,
        count(*)::integer AS starts
-FROM delivery_attempt AS a CROSS JOIN origin
+FROM delivery_attempt_all AS a CROSS JOIN origin
 WHERE a.destination_id = ANY (%(destination_ids)s)
 GROUP BY a.destination_id, 2
 ORDER BY a.destination_id, 2;
@@ -163,13 +201,13 @@ ORDER BY a.destination_id, 2;
 --   first start: the chart's pauses.
 WITH origin AS (
     SELECT min(a.started_at) AS t0
-    FROM delivery_attempt AS a
+    FROM delivery_attempt_all AS a
     WHERE a.destination_id = ANY (%(destination_ids)s)
 )
 SELECT a.destination_id,
        extract(epoch FROM a.finished_at - origin.t0)::double precision AS paused_at,
        extract(epoch FROM a.next_attempt_at - origin.t0)::double precision AS resumed_at
-FROM delivery_attempt AS a CROSS JOIN origin
+FROM delivery_attempt_all AS a CROSS JOIN origin
 WHERE a.destination_id = ANY (%(destination_ids)s)
   AND a.outcome = 'rate_limited'
   AND a.finished_at IS NOT NULL

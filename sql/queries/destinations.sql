@@ -104,7 +104,21 @@ ON CONFLICT (destination_id, pattern) DO NOTHING;
 -- description: a destination that no longer orders by asset: its deliveries parked behind an
 -- earlier one of their asset (born parked, or parked by an earlier release) are due again now.
 -- invariant 3: nothing stays parked once no rule holds it.
-UPDATE webhook_delivery
+WITH released AS (
+    UPDATE delivery_timer AS t
+    SET kind = 'due', fire_at = now()
+    WHERE t.destination_id = %(destination_id)s AND t.kind = 'parked'
+    RETURNING t.delivery_id
+),
+released_state AS (
+    UPDATE delivery_state AS s
+    SET next_attempt_at = now(),
+        wait_reason = 'released: the destination no longer orders by asset',
+        updated_at = now()
+    FROM released
+    WHERE s.delivery_id = released.delivery_id
+)
+UPDATE webhook_delivery_v1
 SET next_attempt_at = now(),
     wait_reason = 'released: the destination no longer orders by asset',
     updated_at = now()
@@ -123,8 +137,35 @@ WHERE destination_id = %(destination_id)s
 --   the parking, or by sweep_wake_parked_heads when its head left while this ran),
 --   invariant 10 (the claim's rule holds them, parked or not).
 WITH held AS (
+    SELECT t.delivery_id
+    FROM delivery_timer AS t
+    JOIN delivery_state AS d ON d.delivery_id = t.delivery_id
+    WHERE t.destination_id = %(destination_id)s
+      AND t.kind = 'due'
+      AND EXISTS (SELECT FROM media_hooks_held_by_v2('asset', 'none', d.destination_id,
+                                                     d.asset_id, d.event_type, d.created_at,
+                                                     d.emit_seq, d.delivery_id))
+    FOR UPDATE OF t SKIP LOCKED
+),
+parked_timers AS (
+    UPDATE delivery_timer AS t
+    SET kind = 'parked', fire_at = parking.next_attempt_at
+    FROM media_hooks_parking_v2(true, now()) AS parking
+    WHERE t.delivery_id = ANY (ARRAY(SELECT delivery_id FROM held))
+    RETURNING t.delivery_id
+),
+parked_state AS (
+    UPDATE delivery_state AS d
+    SET next_attempt_at = parking.next_attempt_at,
+        wait_reason = parking.wait_reason,
+        updated_at = now()
+    FROM media_hooks_parking_v2(true, now()) AS parking, parked_timers
+    WHERE d.delivery_id = parked_timers.delivery_id
+),
+-- The previous release's deliveries, by its rule.
+previous_held AS (
     SELECT d.delivery_id
-    FROM webhook_delivery AS d
+    FROM webhook_delivery_v1 AS d
     WHERE d.destination_id = %(destination_id)s
       AND d.state = 'pending'
       AND d.next_attempt_at < timestamptz '9999-01-01 00:00:00+00'
@@ -133,12 +174,12 @@ WITH held AS (
                                                      d.emit_seq, d.delivery_id))
     FOR UPDATE OF d SKIP LOCKED
 )
-UPDATE webhook_delivery AS d
+UPDATE webhook_delivery_v1 AS d
 SET next_attempt_at = parking.next_attempt_at,
     wait_reason = parking.wait_reason,
     updated_at = now()
 FROM media_hooks_parking_v2(true, now()) AS parking
-WHERE d.delivery_id = ANY (ARRAY(SELECT delivery_id FROM held));
+WHERE d.delivery_id = ANY (ARRAY(SELECT delivery_id FROM previous_held));
 
 -- name: destination_close_superseded
 -- description: a destination that coalesces by asset: its pending deliveries for which a newer
@@ -151,10 +192,41 @@ WHERE d.delivery_id = ANY (ARRAY(SELECT delivery_id FROM held));
 --   under another id). Each newer look-up reads one asset's rows of the destination.
 WITH stale AS (
     SELECT o.delivery_id, newest.delivery_id AS superseded_by
-    FROM webhook_delivery AS o
+    FROM delivery_state AS o
     CROSS JOIN LATERAL (
         SELECT n.delivery_id
-        FROM webhook_delivery AS n
+        FROM webhook_delivery_all AS n
+        WHERE n.destination_id = o.destination_id AND n.asset_id = o.asset_id
+          AND n.event_type = o.event_type AND n.closed_reason IS NULL
+          AND (n.created_at, coalesce(n.emit_seq, 0), n.delivery_id)
+              > (o.created_at, coalesce(o.emit_seq, 0), o.delivery_id)
+        ORDER BY n.created_at DESC, coalesce(n.emit_seq, 0) DESC, n.delivery_id DESC
+        LIMIT 1
+    ) AS newest
+    WHERE o.destination_id = %(destination_id)s AND o.queued AND o.state = 'pending'
+    FOR UPDATE OF o SKIP LOCKED
+),
+closed AS (
+    DELETE FROM delivery_state AS o
+    USING stale
+    WHERE o.delivery_id = stale.delivery_id AND o.state = 'pending'
+    RETURNING o.delivery_id,
+              media_hooks_closed_row_v1(o, 'superseded', stale.superseded_by,
+                                        'superseded by ' || stale.superseded_by) AS ended_row
+),
+history AS (
+    INSERT INTO delivery_history SELECT (c.ended_row).* FROM closed AS c
+),
+untimed AS (
+    DELETE FROM delivery_timer AS t USING closed WHERE t.delivery_id = closed.delivery_id
+),
+-- The previous release's deliveries, by its rule.
+previous_stale AS (
+    SELECT o.delivery_id, newest.delivery_id AS superseded_by
+    FROM webhook_delivery_v1 AS o
+    CROSS JOIN LATERAL (
+        SELECT n.delivery_id
+        FROM webhook_delivery_all AS n
         WHERE n.destination_id = o.destination_id AND n.asset_id = o.asset_id
           AND n.event_type = o.event_type AND n.closed_reason IS NULL
           AND (n.created_at, coalesce(n.emit_seq, 0), n.delivery_id)
@@ -165,14 +237,14 @@ WITH stale AS (
     WHERE o.destination_id = %(destination_id)s AND o.state = 'pending'
     FOR UPDATE OF o SKIP LOCKED
 )
-UPDATE webhook_delivery AS d
+UPDATE webhook_delivery_v1 AS d
 SET state = 'dead',
     closed_reason = 'superseded',
-    closed_by = stale.superseded_by,
-    wait_reason = 'superseded by ' || stale.superseded_by,
+    closed_by = previous_stale.superseded_by,
+    wait_reason = 'superseded by ' || previous_stale.superseded_by,
     updated_at = now()
-FROM stale
-WHERE d.delivery_id = stale.delivery_id AND d.state = 'pending';
+FROM previous_stale
+WHERE d.delivery_id = previous_stale.delivery_id AND d.state = 'pending';
 
 -- name: destination_enable
 -- description: turns a destination on and forgets why it was off.

@@ -39,8 +39,8 @@ WITH destination AS (
     FOR KEY SHARE
 ),
 identity AS (
-    INSERT INTO delivery_identity (delivery_id)
-    SELECT %(delivery_id)s FROM destination
+    INSERT INTO delivery_identity (delivery_id, destination_id, created_at)
+    SELECT %(delivery_id)s, destination.destination_id, now() FROM destination
     ON CONFLICT (delivery_id) DO NOTHING
     RETURNING delivery_id
 ),
@@ -57,22 +57,31 @@ born AS MATERIALIZED (
     CROSS JOIN destination
     CROSS JOIN (SELECT nextval('media_hooks_emit_seq') AS emit_seq) AS numbered
 ),
-inserted AS (
-    INSERT INTO webhook_delivery
-        (delivery_id, destination_id, asset_id, event_type, payload, body,
-         created_at, updated_at, next_attempt_at, budget_started_at, emit_seq, wait_reason,
-         queued)
-    SELECT born.delivery_id, born.destination_id, %(asset_id)s, %(event_type)s,
-           %(payload)s::jsonb,
+body AS (
+    INSERT INTO delivery_body (delivery_id, created_at, payload, body)
+    SELECT born.delivery_id, now(), %(payload)s::jsonb,
            %(body_head)s::bytea || convert_to(media_hooks_rfc3339_v1(now()), 'UTF8')
-               || %(body_tail)s::bytea,
+               || %(body_tail)s::bytea
+    FROM born
+),
+inserted AS (
+    INSERT INTO delivery_state
+        (delivery_id, destination_id, asset_id, event_type, created_at, updated_at,
+         next_attempt_at, budget_started_at, emit_seq, wait_reason, queued)
+    SELECT born.delivery_id, born.destination_id, %(asset_id)s, %(event_type)s,
            now(), now(), parking.next_attempt_at, now(), born.emit_seq, parking.wait_reason,
            born.queued
     FROM born
     CROSS JOIN LATERAL media_hooks_parking_v2(born.held, now()) AS parking
-    -- A row recorded by code older than 0005 has no identity row yet: it is kept as it is.
-    ON CONFLICT (delivery_id) DO NOTHING
-    RETURNING delivery_id
+    RETURNING delivery_id, destination_id, next_attempt_at
+),
+timer AS (
+    INSERT INTO delivery_timer (delivery_id, destination_id, kind, fire_at)
+    SELECT delivery_id, destination_id,
+           CASE WHEN next_attempt_at >= timestamptz '9999-01-01 00:00:00+00'
+                THEN 'parked' ELSE 'due' END,
+           next_attempt_at
+    FROM inserted
 )
 SELECT EXISTS (SELECT 1 FROM destination) AS destination_known,
        EXISTS (SELECT 1 FROM inserted) AS inserted;
@@ -104,8 +113,9 @@ event AS (
     RETURNING event_id, destination_ids
 ),
 identity AS (
-    INSERT INTO delivery_identity (delivery_id)
-    SELECT targets.delivery_id FROM targets WHERE EXISTS (SELECT 1 FROM event)
+    INSERT INTO delivery_identity (delivery_id, destination_id, created_at)
+    SELECT targets.delivery_id, targets.destination_id, now()
+    FROM targets WHERE EXISTS (SELECT 1 FROM event)
     ON CONFLICT (delivery_id) DO NOTHING
     RETURNING delivery_id
 ),
@@ -126,21 +136,31 @@ born AS MATERIALIZED (
            ) AS held
     FROM numbered
 ),
-inserted AS (
-    INSERT INTO webhook_delivery
-        (delivery_id, destination_id, asset_id, event_type, payload, body,
-         created_at, updated_at, next_attempt_at, budget_started_at, emit_seq, wait_reason,
-         queued)
-    SELECT born.delivery_id, born.destination_id, %(asset_id)s, %(event_type)s,
-           %(payload)s::jsonb,
+body AS (
+    INSERT INTO delivery_body (delivery_id, created_at, payload, body)
+    SELECT born.delivery_id, now(), %(payload)s::jsonb,
            %(body_head)s::bytea || convert_to(media_hooks_rfc3339_v1(now()), 'UTF8')
-               || %(body_tail)s::bytea,
+               || %(body_tail)s::bytea
+    FROM born
+),
+inserted AS (
+    INSERT INTO delivery_state
+        (delivery_id, destination_id, asset_id, event_type, created_at, updated_at,
+         next_attempt_at, budget_started_at, emit_seq, wait_reason, queued)
+    SELECT born.delivery_id, born.destination_id, %(asset_id)s, %(event_type)s,
            now(), now(), parking.next_attempt_at, now(), born.emit_seq, parking.wait_reason,
            born.queued
     FROM born
     CROSS JOIN LATERAL media_hooks_parking_v2(born.held, now()) AS parking
-    ON CONFLICT (delivery_id) DO NOTHING
-    RETURNING delivery_id
+    RETURNING delivery_id, destination_id, next_attempt_at
+),
+timer AS (
+    INSERT INTO delivery_timer (delivery_id, destination_id, kind, fire_at)
+    SELECT delivery_id, destination_id,
+           CASE WHEN next_attempt_at >= timestamptz '9999-01-01 00:00:00+00'
+                THEN 'parked' ELSE 'due' END,
+           next_attempt_at
+    FROM inserted
 )
 SELECT EXISTS (SELECT 1 FROM event) AS recorded,
        coalesce((SELECT destination_ids FROM event), stored.destination_ids) AS destination_ids,
@@ -302,34 +322,57 @@ held AS (
                                                      o.asset_id, o.event_type, clock.now,
                                                      o.emit_seq, o.delivery_id))
 ),
-inserted AS (
-    INSERT INTO webhook_delivery
-        (delivery_id, destination_id, asset_id, event_type, payload, body,
-         created_at, updated_at, next_attempt_at, budget_started_at, emit_seq, wait_reason,
-         queued)
-    SELECT DISTINCT ON (e.delivery_id)
-           e.delivery_id, e.destination_id, e.asset_id, e.event_type, e.payload::jsonb,
-           e.body_head || clock.stamp || e.body_tail,
-           clock.now, clock.now, parking.next_attempt_at, clock.now, e.emit_seq,
-           parking.wait_reason, q.queued
+-- The identity first, for every id (its first line's): an id recorded before, in either
+-- layout and however long ago within the duplicate window, conflicts here and writes nothing
+-- else; one a concurrent emit is recording waits for it and then conflicts.
+identity AS (
+    INSERT INTO delivery_identity (delivery_id, destination_id, created_at)
+    SELECT DISTINCT ON (e.delivery_id) e.delivery_id, e.destination_id, clock.now
     FROM numbered AS e
-    JOIN queues AS q ON q.destination_id = e.destination_id
     CROSS JOIN clock
-    LEFT JOIN held ON held.emit_seq = e.emit_seq
-    CROSS JOIN LATERAL media_hooks_parking_v2(held.emit_seq IS NOT NULL, clock.now) AS parking
-    WHERE NOT EXISTS (SELECT 1 FROM delivery_identity AS i
-                      WHERE i.delivery_id = e.delivery_id AND i.final_state IS NOT NULL)
     ORDER BY e.delivery_id, e.ordinal
     ON CONFLICT (delivery_id) DO NOTHING
     RETURNING delivery_id
 ),
-identity AS (
-    INSERT INTO delivery_identity (delivery_id)
-    SELECT delivery_id FROM inserted
-    RETURNING 1
+fresh AS MATERIALIZED (
+    SELECT DISTINCT ON (e.delivery_id)
+           e.delivery_id, e.destination_id, e.asset_id, e.event_type, e.payload, e.body_head,
+           e.body_tail, e.emit_seq, q.queued, held.emit_seq IS NOT NULL AS held
+    FROM numbered AS e
+    JOIN identity AS i ON i.delivery_id = e.delivery_id
+    JOIN queues AS q ON q.destination_id = e.destination_id
+    LEFT JOIN held ON held.emit_seq = e.emit_seq
+    ORDER BY e.delivery_id, e.ordinal
+),
+body AS (
+    INSERT INTO delivery_body (delivery_id, created_at, payload, body)
+    SELECT f.delivery_id, clock.now, f.payload::jsonb, f.body_head || clock.stamp || f.body_tail
+    FROM fresh AS f
+    CROSS JOIN clock
+    ORDER BY f.delivery_id
+),
+inserted AS (
+    INSERT INTO delivery_state
+        (delivery_id, destination_id, asset_id, event_type, created_at, updated_at,
+         next_attempt_at, budget_started_at, emit_seq, wait_reason, queued)
+    SELECT f.delivery_id, f.destination_id, f.asset_id, f.event_type, clock.now, clock.now,
+           parking.next_attempt_at, clock.now, f.emit_seq, parking.wait_reason, f.queued
+    FROM fresh AS f
+    CROSS JOIN clock
+    CROSS JOIN LATERAL media_hooks_parking_v2(f.held, clock.now) AS parking
+    ORDER BY f.delivery_id
+    RETURNING delivery_id, destination_id, next_attempt_at
+),
+timer AS (
+    INSERT INTO delivery_timer (delivery_id, destination_id, kind, fire_at)
+    SELECT delivery_id, destination_id,
+           CASE WHEN next_attempt_at >= timestamptz '9999-01-01 00:00:00+00'
+                THEN 'parked' ELSE 'due' END,
+           next_attempt_at
+    FROM inserted
 ),
 inserted_count AS (
-    SELECT count(*) AS n FROM identity
+    SELECT count(*) AS n FROM inserted
 )
 SELECT inserted_count.n AS inserted,
        (SELECT count(DISTINCT delivery_id) FROM wanted) - inserted_count.n AS already_present,

@@ -15,7 +15,7 @@ SELECT d.delivery_id, d.destination_id, d.asset_id, d.event_type, d.payload, d.s
        head.delivery_id AS held_by, head.state AS held_by_state,
        newer.delivery_id AS newer_id,
        now() AS measured_at
-FROM webhook_delivery AS d
+FROM webhook_delivery_all AS d
 JOIN webhook_destination AS w ON w.destination_id = d.destination_id
 -- On an ordered destination: the head of the asset's queue, when it is an earlier delivery; on
 -- a coalescing one, an earlier one of the same type in flight (what media_hooks_held_by_v2
@@ -23,14 +23,19 @@ JOIN webhook_destination AS w ON w.destination_id = d.destination_id
 -- queued, migration 0029).
 LEFT JOIN LATERAL (
     SELECT e.delivery_id, e.state
-    FROM webhook_delivery AS e
+    FROM (SELECT s.delivery_id, s.state, s.event_type, s.created_at, s.emit_seq
+          FROM delivery_state AS s
+          WHERE s.destination_id = d.destination_id AND s.asset_id = d.asset_id AND s.queued
+          UNION ALL
+          SELECT p.delivery_id, p.state, p.event_type, p.created_at, p.emit_seq
+          FROM webhook_delivery_v1 AS p
+          WHERE p.destination_id = d.destination_id AND p.asset_id = d.asset_id
+            AND p.queued IS NOT FALSE
+            AND p.state <> 'succeeded' AND p.closed_reason IS NULL) AS e
     WHERE d.state = 'pending'
       AND (w.ordering = 'asset'
            OR (w.coalescing = 'asset' AND e.event_type = d.event_type
                AND e.state IN ('enqueued', 'leased')))
-      AND e.destination_id = d.destination_id AND e.asset_id = d.asset_id
-      AND e.queued IS NOT FALSE
-      AND e.state <> 'succeeded' AND e.closed_reason IS NULL
       AND (e.created_at, coalesce(e.emit_seq, 0), e.delivery_id)
           < (d.created_at, coalesce(d.emit_seq, 0), d.delivery_id)
     ORDER BY e.created_at, coalesce(e.emit_seq, 0), e.delivery_id
@@ -40,12 +45,18 @@ LEFT JOIN LATERAL (
 -- newer than this pending one (which the next run closes as superseded by it).
 LEFT JOIN LATERAL (
     SELECT n.delivery_id
-    FROM webhook_delivery AS n
+    FROM (SELECT s.delivery_id, s.created_at, s.emit_seq
+          FROM delivery_state AS s
+          WHERE s.destination_id = d.destination_id AND s.asset_id = d.asset_id AND s.queued
+            AND s.event_type = d.event_type
+          UNION ALL
+          SELECT p.delivery_id, p.created_at, p.emit_seq
+          FROM webhook_delivery_v1 AS p
+          WHERE p.destination_id = d.destination_id AND p.asset_id = d.asset_id
+            AND p.event_type = d.event_type
+            AND p.queued IS NOT FALSE
+            AND p.state <> 'succeeded' AND p.closed_reason IS NULL) AS n
     WHERE w.coalescing = 'asset' AND d.state = 'pending'
-      AND n.destination_id = d.destination_id AND n.asset_id = d.asset_id
-      AND n.event_type = d.event_type
-      AND n.queued IS NOT FALSE
-      AND n.state <> 'succeeded' AND n.closed_reason IS NULL
       AND (n.created_at, coalesce(n.emit_seq, 0), n.delivery_id)
           > (d.created_at, coalesce(d.emit_seq, 0), d.delivery_id)
     ORDER BY n.created_at DESC, coalesce(n.emit_seq, 0) DESC, n.delivery_id DESC
@@ -61,7 +72,7 @@ SELECT o.message_id, o.dispatch_no, o.run_id, o.created_at, o.published_at
 FROM dispatch_outbox AS o
 WHERE o.message_id = ANY (ARRAY(
     SELECT d.delivery_id || ':' || n
-    FROM webhook_delivery AS d, generate_series(1, d.dispatch_count) AS n
+    FROM webhook_delivery_all AS d, generate_series(1, d.dispatch_count) AS n
     WHERE d.delivery_id = %(delivery_id)s))
 ORDER BY o.dispatch_no;
 
@@ -69,7 +80,7 @@ ORDER BY o.dispatch_no;
 -- description: every HTTP attempt of the delivery, in order (primary key of delivery_attempt).
 SELECT attempt_no, message_id, run_id, started_at, finished_at, outcome, http_status, error,
        response_excerpt, next_attempt_at, retry_reason
-FROM delivery_attempt
+FROM delivery_attempt_all
 WHERE delivery_id = %(delivery_id)s
 ORDER BY attempt_no;
 

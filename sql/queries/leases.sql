@@ -37,7 +37,7 @@ FROM media_hooks_lease_with_permits_v4(
 -- for each outcome instead of looking each one up by its key. (Migration 0017 points for this
 -- reason to record_outcomes, the previous release's statement, removed since.)
 SELECT delivery_id, state, stopped
-FROM media_hooks_record_outcomes_v1(%(outcomes)s::jsonb);
+FROM media_hooks_record_outcomes_v2(%(outcomes)s::jsonb);
 
 -- name: defer_deliveries
 -- description: Hand dispatched deliveries that cannot be sent in this run back to pending,
@@ -45,15 +45,26 @@ FROM media_hooks_record_outcomes_v1(%(outcomes)s::jsonb);
 --   leaves no room before the run must stop). Due after the given delay on the database clock,
 --   and never before the destination's pause ends (as stored: a pause is due at its end exactly).
 -- keeps: invariant 3 (nothing waits invisibly in enqueued), invariant 5.
-UPDATE webhook_delivery AS d
-SET state = 'pending',
-    next_attempt_at = greatest(now() + make_interval(secs => %(delay_seconds)s), w.paused_until),
-    wait_reason = %(reason)s,
-    updated_at = now()
-FROM unnest(%(delivery_ids)s::text[], %(message_ids)s::text[]) AS offered(delivery_id, message_id),
-     webhook_destination AS w
-WHERE d.delivery_id = offered.delivery_id
-  AND d.current_message_id = offered.message_id
-  AND d.state = 'enqueued'
-  AND w.destination_id = d.destination_id
-RETURNING d.delivery_id;
+WITH deferred AS (
+    UPDATE delivery_state AS d
+    SET state = 'pending',
+        next_attempt_at = greatest(now() + make_interval(secs => %(delay_seconds)s),
+                                   w.paused_until),
+        wait_reason = %(reason)s,
+        updated_at = now()
+    FROM unnest(%(delivery_ids)s::text[], %(message_ids)s::text[])
+             AS offered(delivery_id, message_id),
+         webhook_destination AS w
+    WHERE d.delivery_id = offered.delivery_id
+      AND d.current_message_id = offered.message_id
+      AND d.state = 'enqueued'
+      AND w.destination_id = d.destination_id
+    RETURNING d.delivery_id, d.next_attempt_at
+),
+retimed AS (
+    UPDATE delivery_timer AS t
+    SET kind = 'due', fire_at = deferred.next_attempt_at
+    FROM deferred
+    WHERE t.delivery_id = deferred.delivery_id
+)
+SELECT delivery_id FROM deferred;

@@ -81,5 +81,7 @@ def purge_terminal_deliveries(
         outputs = step_outputs.purge(conn, policy.retain_seconds, max_batches=config.max_batches)
     if figures.truncated:
         context.log.warning("max_batches reached: the next retention run carries on")
+    for held in figures.held_ranges:
+        context.log.warning(f"retention: {held}")
     done = {**figures.as_dict(), "step_outputs_deleted": outputs}
     return Output(done, metadata=done)

@@ -1,11 +1,16 @@
-"""Retention: terminal deliveries leave the hot tables; their identity stays as a tombstone.
+"""Retention: ended deliveries leave the tables; their identity stays as a tombstone.
 
-A terminal (``succeeded`` / ``dead``) delivery older than the retention window is deleted with
-its outbox and attempt rows, in bounded batches, each batch its own short transaction. Its row
-of ``delivery_identity`` (written when it was emitted) becomes its tombstone and keeps the
-``delivery_id`` for the longer duplicate window, so a re-emitted old event is recognised as
-already delivered rather than sent again, even by an emit racing the purge (migration 0005).
-Pending and in-flight rows are never touched (invariant 3). No Dagster here.
+This layout's deliveries go a range at a time: once a range of creation times is past the
+retention window, and nothing of it is open or ended within the window, its partitions of body,
+history, dispatches and attempts are dropped whole (``partitions``); a range something holds is
+kept, and said. The previous layout's table (``webhook_delivery_v1``) is still purged row by row:
+a terminal (``succeeded`` / ``dead``) delivery last changed before the window is deleted with its
+outbox and attempt rows, in bounded batches, each batch its own short transaction, and its row of
+``delivery_identity`` becomes its tombstone (``final_state``). Either way the identity row keeps
+the ``delivery_id`` for the longer duplicate window, counted from the delivery's creation, so a
+re-emitted old event is recognised as already delivered rather than sent again, even by an emit
+racing the purge (migration 0005); then it is forgotten. Pending and in-flight deliveries are
+never touched (invariant 3). No Dagster here.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from datetime import datetime
 import psycopg
 
 from media_hooks.core.errors import UserError
+from media_hooks.outbox.maintenance import partitions
 from media_hooks.store import db
 from media_hooks.store.sqlfiles import query
 
@@ -53,11 +59,19 @@ class RetentionFigures:
     tombstones_expired: int = 0
     events_expired: int = 0
     batches: int = 0
+    # This layout's history: ranges of partitions dropped whole; ranges past the window kept
+    # because something holds them (an open delivery, one that ended within the window), one
+    # line each saying what; of those, ranges put back because an open delivery slipped into
+    # them while they were detached.
+    partitions_dropped: int = 0
+    partitions_held: int = 0
+    held_ranges: tuple[str, ...] = ()
+    partitions_put_back: int = 0
     # True when max_batches stopped the purge with work left.
     truncated: bool = False
 
-    def as_dict(self) -> dict[str, int | bool]:
-        return dict(self.__dict__)
+    def as_dict(self) -> dict[str, int | bool | list[str]]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
 
 
 def _cutoffs(conn: psycopg.Connection, policy: RetentionPolicy, now: datetime | None):
@@ -133,16 +147,30 @@ def expire_events(
 def run_retention(
     conn: psycopg.Connection, policy: RetentionPolicy, *, now: datetime | None = None
 ) -> RetentionFigures:
-    """One retention pass: purge terminal deliveries, then expire old tombstones and events."""
+    """One retention pass: purge the previous layout's terminal deliveries, make partitions
+    ahead and drop the ranges retention is done with, then expire old identities and events."""
     purge_cutoff, tombstone_cutoff = _cutoffs(conn, policy, now)
     purged = purge_terminal(
         conn, purge_cutoff, batch_size=policy.batch_size, max_batches=policy.max_batches
     )
+    partitions.make_ahead(conn)
+    dropped = partitions.drop_expired(conn, purge_cutoff)
     bounds = {"batch_size": policy.batch_size, "max_batches": policy.max_batches}
-    expired = expire_tombstones(conn, tombstone_cutoff, **bounds)
+    expired = expire_tombstones(conn, tombstone_cutoff, **bounds) + _expire(
+        conn, "expire_identities_batch", tombstone_cutoff, **bounds
+    )
     events = expire_events(conn, tombstone_cutoff, **bounds)
     return RetentionFigures(
-        **{**purged.as_dict(), "tombstones_expired": expired, "events_expired": events},
+        **{
+            **purged.as_dict(),
+            "deliveries": purged.deliveries + dropped.deliveries,
+            "tombstones_expired": expired,
+            "events_expired": events,
+            "partitions_dropped": dropped.ranges,
+            "partitions_held": len(dropped.held),
+            "held_ranges": tuple(map(str, dropped.held)),
+            "partitions_put_back": dropped.put_back,
+        },
     )
 
 

@@ -14,6 +14,7 @@ import psycopg
 
 from media_hooks.core.config import Settings
 from media_hooks.outbox import rate_limits
+from media_hooks.outbox.maintenance import partitions
 from media_hooks.store import db
 from media_hooks.store.sqlfiles import query
 
@@ -40,6 +41,12 @@ def _repeat(conn: psycopg.Connection, name: str, params: dict[str, Any]) -> int:
         moved_total += moved
         if moved < SWEEP_PAGE:
             return moved_total
+
+
+def convert_previous_pending(conn: psycopg.Connection) -> int:
+    """Move the previous release's pending deliveries into this release's layout, so that
+    this release's claims see them (its producers may still be recording them)."""
+    return _repeat(conn, "convert_previous_pending", {})
 
 
 def sweep_expired_leases(conn: psycopg.Connection) -> int:
@@ -121,6 +128,8 @@ def trip_circuit_breakers(conn: psycopg.Connection, settings: Settings) -> list[
 
 
 def run_sweeps(conn: psycopg.Connection, settings: Settings) -> SweepFigures:
+    partitions.make_ahead(conn)
+    convert_previous_pending(conn)
     return SweepFigures(
         expired_leases=sweep_expired_leases(conn),
         stale_enqueues=sweep_stale_enqueues(conn, settings.enqueue_timeout_seconds),

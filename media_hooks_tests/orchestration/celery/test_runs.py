@@ -153,7 +153,7 @@ def test_run_monitoring_fails_a_run_whose_worker_was_killed(
     ambiguous = {
         r["delivery_id"]
         for r in conn.execute(
-            "SELECT delivery_id FROM delivery_attempt WHERE outcome = 'ambiguous'"
+            "SELECT delivery_id FROM delivery_attempt_all WHERE outcome = 'ambiguous'"
         ).fetchall()
     }
     assert repeated <= ambiguous

@@ -122,8 +122,8 @@ def test_shards_land_on_both_workers_and_limits_hold_across_them(
         (a, b) = (executions(own_instance, r.run_id)["deliver_shard[shard_1_of_1]"] for r in second)
         assert {a[-1], b[-1]} == nodes
         shared = conn.execute(
-            "SELECT d.destination_id, count(DISTINCT a.run_id) AS runs FROM delivery_attempt a "
-            "JOIN webhook_delivery d USING (delivery_id) WHERE d.delivery_id LIKE 'both-%%' "
+            "SELECT d.destination_id, count(DISTINCT a.run_id) AS runs FROM delivery_attempt_all a "
+            "JOIN webhook_delivery_all d USING (delivery_id) WHERE d.delivery_id LIKE 'both-%%' "
             "GROUP BY 1"
         ).fetchall()
         assert {r["destination_id"]: r["runs"] for r in shared} == dict.fromkeys(ids, 2)
@@ -182,7 +182,7 @@ def test_a_worker_killed_mid_run_loses_nothing(conn, celery_env, own_instance, w
     # Nothing lost: every delivery succeeded, once.
     assert states(conn) == {"succeeded": 4 * each}
     twice = conn.execute(
-        "SELECT delivery_id FROM delivery_attempt WHERE outcome = 'success' "
+        "SELECT delivery_id FROM delivery_attempt_all WHERE outcome = 'success' "
         "GROUP BY 1 HAVING count(*) > 1"
     ).fetchall()
     assert twice == []
@@ -191,7 +191,7 @@ def test_a_worker_killed_mid_run_loses_nothing(conn, celery_env, own_instance, w
     explained = {
         r["delivery_id"]
         for r in conn.execute(
-            "SELECT DISTINCT delivery_id FROM delivery_attempt WHERE outcome = 'ambiguous'"
+            "SELECT DISTINCT delivery_id FROM delivery_attempt_all WHERE outcome = 'ambiguous'"
         ).fetchall()
     }
     assert set(repeated) <= explained, set(repeated) - explained

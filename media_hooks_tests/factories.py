@@ -133,45 +133,37 @@ def add_dispatches(
     """The next dispatch of each delivery in ``ids``, counted and written as a claim does (its
     message id ``delivery_id:n``), whatever the delivery's state. ``previous_release``: as the
     release before migration 0034 wrote them (``add_deliveries``)."""
-    params = {"ids": ids, "run_id": run_id, "published": published}
-    if previous_release or not _lean(conn):
-        conn.execute(
-            sql.SQL(
-                """
-            WITH counted AS (
-                UPDATE {table}
-                SET dispatch_count = dispatch_count + 1,
-                    current_message_id = delivery_id || ':' || (dispatch_count + 1)
-                WHERE delivery_id = ANY (%(ids)s)
-                RETURNING delivery_id, destination_id, dispatch_count, current_message_id
-            )
-            INSERT INTO dispatch_outbox_v2
-                (message_id, delivery_id, dispatch_no, destination_id, run_id, published_at)
-            SELECT current_message_id, delivery_id, dispatch_count, destination_id, %(run_id)s,
-                   CASE WHEN %(published)s THEN now() END
-            FROM counted
-            """
-            ).format(table=sql.Identifier(previous_table(conn, "webhook_delivery"))),
-            params,
-        )
-        return
+    lean = _lean(conn) and not previous_release
+    table = "webhook_delivery_all" if lean else previous_table(conn, "webhook_delivery")
+    # This layout's dispatches are kept under their delivery's creation time (partitioned).
+    outbox, column, value = (
+        ("dispatch_outbox_v3", ", delivery_created_at", ", created_at")
+        if lean
+        else ("dispatch_outbox_v2", "", "")
+    )
     conn.execute(
-        """
+        sql.SQL(
+            """
         WITH counted AS (
-            UPDATE webhook_delivery_all
+            UPDATE {table}
             SET dispatch_count = dispatch_count + 1,
                 current_message_id = delivery_id || ':' || (dispatch_count + 1)
             WHERE delivery_id = ANY (%(ids)s)
             RETURNING delivery_id, destination_id, dispatch_count, current_message_id, created_at
         )
-        INSERT INTO dispatch_outbox_v3
-            (message_id, delivery_id, dispatch_no, destination_id, run_id, delivery_created_at,
-             published_at)
+        INSERT INTO {outbox}
+            (message_id, delivery_id, dispatch_no, destination_id, run_id, published_at{column})
         SELECT current_message_id, delivery_id, dispatch_count, destination_id, %(run_id)s,
-               created_at, CASE WHEN %(published)s THEN now() END
+               CASE WHEN %(published)s THEN now() END{value}
         FROM counted
-        """,
-        params,
+        """
+        ).format(
+            table=sql.Identifier(table),
+            outbox=sql.Identifier(outbox),
+            column=sql.SQL(column),
+            value=sql.SQL(value),
+        ),
+        {"ids": ids, "run_id": run_id, "published": published},
     )
 
 
